@@ -1,0 +1,1 @@
+"""ML surrogates of the twin (features, training, distillation, compiled trees)."""

@@ -1,0 +1,1 @@
+"""Placement: workload CSV I/O, packers, baselines, placement schema, the planner CLI."""

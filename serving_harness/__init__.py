@@ -1,0 +1,1 @@
+"""Run real vLLM engines and measure them (launch, load, scrape, profile)."""

@@ -1,0 +1,397 @@
+"""The numba-compiled event loop: one vLLM V1 engine, step by step.
+
+vLLM V1 has no prefill/decode phases: each request has ``num_tokens`` known tokens (prompt + what
+it generated) and ``computed`` tokens whose KV exists; a step gives each scheduled request
+``min(num_tokens - computed, budget)`` tokens from a shared per-step budget, and a request whose
+computed tokens catch up with its known tokens samples one new token. One ``schedule()`` is:
+
+1. RUNNING loop, in admission order: allocate the blocks the new tokens need; when blocks run out,
+   preempt the newest running request (free its blocks, ``computed = 0``, put it at the FRONT of
+   the waiting queue) until the allocation fits or the request preempted itself.
+2. WAITING loop, only if nothing was preempted: in queue order, admit while the budget lasts; a
+   request whose adapter is not among the running requests' adapters when those already number
+   ``max_loras`` is skipped and the scan goes on; a request whose blocks do not fit stops the scan.
+
+Waiting structures (why the scan is not O(waiting requests)). The queue order is a key per
+request: arrivals get their arrival index (increasing), preempted requests get ever smaller
+negative keys (front). Requests of one adapter are always admitted in key order, so each adapter
+keeps its own queue: a stack of preempted requests (linked list) in front of a pointer into its
+arrivals. Two tournament trees over adapters give, in O(log adapters), the adapter whose head has
+the smallest key among (a) all adapters — the next request while fewer than ``max_loras`` adapters
+run — and (b) adapters that have running requests — the next admissible request once the LoRA
+set is full. Skipped requests never move, so the admission order is exactly vLLM's.
+
+GPU adapter slots are an LRU of ``a_max`` entries, touched every step by every adapter in the
+batch; a miss pays the adapter's load latency inside the step (serially, as vLLM loads inline).
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+INF_KEY = np.int64(2**62)
+
+# Request states.
+PENDING, WAITING, RUNNING, FINISHED, REJECTED = 0, 1, 2, 3, 4
+
+# Trace event kinds (scheduler-fidelity tests).
+EV_SCHEDULED, EV_ADMITTED, EV_PREEMPTED, EV_FINISHED = 0, 1, 2, 3
+
+# ITL histogram: log-spaced bins from 1e-2 ms to 1e7 ms.
+ITL_HIST_LO, ITL_HIST_BINS_PER_DECADE, ITL_HIST_DECADES = -2.0, 100, 9
+
+
+@nb.njit(cache=True, inline="always")
+def _tree_update(keys, idxs, size, a, key):
+    pos = size + a
+    keys[pos] = key
+    pos >>= 1
+    while pos >= 1:
+        left = 2 * pos
+        if keys[left] <= keys[left + 1]:
+            keys[pos] = keys[left]
+            idxs[pos] = idxs[left]
+        else:
+            keys[pos] = keys[left + 1]
+            idxs[pos] = idxs[left + 1]
+        pos >>= 1
+
+
+@nb.njit(cache=True)
+def simulate_core(
+    arrival, adapter, in_len, out_len,  # requests, sorted by arrival
+    ad_start, ad_list,  # per-adapter request lists (CSR, arrival order)
+    ad_load_ms,  # per-adapter CPU->GPU load latency (ms)
+    duration, a_max, usable_blocks, block_size, max_batched, max_num_seqs,
+    full_prompt_admission,
+    lat,  # k4, k5, kp, k6, k7, l0, l1, l2 (see twin.profile.StepLatency)
+    sched,  # k1, k2, k3, intercept (µs), n_served
+    max_in_flight,  # client-side cap on requests in flight (0 = none)
+    ts_dt,  # time-series sampling period, s (0 = off)
+    trace_cap,  # capacity of the step-event trace (0 = off)
+):
+    n = arrival.shape[0]
+    na = ad_start.shape[0] - 1
+
+    # --- per-request state
+    state = np.zeros(n, np.int8)
+    computed = np.zeros(n, np.int32)
+    ntok = in_len.astype(np.int32).copy()
+    blocks = np.zeros(n, np.int32)
+    first_tok = np.full(n, -1.0)
+    finish = np.full(n, -1.0)
+    last_tok = np.full(n, -1.0)
+    itl_sum = np.zeros(n)
+    itl_cnt = np.zeros(n, np.int32)
+    qkey = np.zeros(n, np.int64)
+    stack_next = np.full(n, -1, np.int64)
+
+    # --- per-adapter queues and trees
+    stack_top = np.full(na, -1, np.int64)
+    arr_ptr = ad_start[:-1].copy()  # next arrival of this adapter not yet admitted
+    arr_end = ad_start[:-1].copy()  # one past the last arrived request of this adapter
+    run_count = np.zeros(na, np.int64)
+    size = 1
+    while size < na:
+        size *= 2
+    all_keys = np.full(2 * size, INF_KEY, np.int64)
+    all_idx = np.zeros(2 * size, np.int64)
+    set_keys = np.full(2 * size, INF_KEY, np.int64)
+    set_idx = np.zeros(2 * size, np.int64)
+    for a in range(size):
+        all_idx[size + a] = a
+        set_idx[size + a] = a
+    for p in range(size - 1, 0, -1):
+        all_idx[p] = all_idx[2 * p]
+        set_idx[p] = set_idx[2 * p]
+
+    # --- GPU adapter slots (LRU)
+    resident = np.zeros(na, np.bool_)
+    last_used = np.full(na, -1, np.int64)
+    n_resident = 0
+    for a in range(min(a_max, na)):  # static adapters are activated at start-up
+        resident[a] = True
+        n_resident += 1
+    batch_stamp = np.full(na, -1, np.int64)
+
+    running = np.zeros(max(1, min(n, max_num_seqs)), np.int64)
+    sched_req = np.zeros(max_batched + max_num_seqs, np.int64)
+    sched_tok = np.zeros(max_batched + max_num_seqs, np.int64)
+    batch_ads = np.zeros(max_batched + max_num_seqs, np.int64)
+
+    n_hist = ITL_HIST_BINS_PER_DECADE * ITL_HIST_DECADES
+    itl_hist = np.zeros(n_hist + 2, np.int64)
+
+    n_ts = int(duration / ts_dt) + 2 if ts_dt > 0 else 0
+    ts = np.zeros((n_ts, 4))
+    ts_i = 0
+    next_ts = 0.0
+
+    trace = np.zeros((trace_cap, 4), np.float64)
+    tr_i = 0
+
+    nrun = 0
+    n_waiting = 0
+    n_distinct = 0
+    free_blocks = usable_blocks
+    front = 0
+    next_arr = 0
+    now = 0.0
+    step = 0
+    preemptions = 0
+    loads = 0
+    rejected = 0
+    busy_s = 0.0
+
+    while True:
+        # 1. Arrivals up to now join the back of the waiting queue.
+        while next_arr < n and arrival[next_arr] <= now:
+            r = next_arr
+            a = adapter[r]
+            arr_end[a] += 1
+            if max_in_flight > 0 and nrun + n_waiting >= max_in_flight:
+                state[r] = REJECTED
+                rejected += 1
+            else:
+                state[r] = WAITING
+                qkey[r] = r
+                n_waiting += 1
+            next_arr += 1
+            # Refresh this adapter's head (skipping rejected requests at the pointer).
+            while arr_ptr[a] < arr_end[a] and state[ad_list[arr_ptr[a]]] == REJECTED:
+                arr_ptr[a] += 1
+            hk = INF_KEY
+            if stack_top[a] >= 0:
+                hk = qkey[stack_top[a]]
+            elif arr_ptr[a] < arr_end[a]:
+                hk = qkey[ad_list[arr_ptr[a]]]
+            _tree_update(all_keys, all_idx, size, a, hk)
+            _tree_update(set_keys, set_idx, size, a, hk if run_count[a] > 0 else INF_KEY)
+
+        while ts_dt > 0 and next_ts <= now and ts_i < n_ts:
+            ts[ts_i, 0] = next_ts
+            ts[ts_i, 1] = nrun
+            ts[ts_i, 2] = n_waiting
+            ts[ts_i, 3] = (usable_blocks - free_blocks) / usable_blocks
+            ts_i += 1
+            next_ts += ts_dt
+
+        if now >= duration:
+            break
+        if nrun == 0 and n_waiting == 0:
+            if next_arr >= n:
+                break
+            now = arrival[next_arr]
+            continue
+
+        # 2. RUNNING loop.
+        budget = max_batched
+        nsched = 0
+        preempted_now = False
+        i = 0
+        while i < nrun and budget > 0:
+            r = running[i]
+            num_new = min(ntok[r] - computed[r], budget)
+            need = (computed[r] + num_new + block_size - 1) // block_size - blocks[r]
+            scheduled = True
+            while need > free_blocks:
+                v = running[nrun - 1]
+                nrun -= 1
+                av = adapter[v]
+                free_blocks += blocks[v]
+                blocks[v] = 0
+                computed[v] = 0
+                state[v] = WAITING
+                n_waiting += 1
+                preemptions += 1
+                front += 1
+                qkey[v] = -front
+                stack_next[v] = stack_top[av]
+                stack_top[av] = v
+                run_count[av] -= 1
+                if run_count[av] == 0:
+                    n_distinct -= 1
+                _tree_update(all_keys, all_idx, size, av, qkey[v])
+                _tree_update(set_keys, set_idx, size, av, qkey[v] if run_count[av] > 0 else INF_KEY)
+                preempted_now = True
+                if tr_i < trace_cap:
+                    trace[tr_i, 0] = now
+                    trace[tr_i, 1] = v
+                    trace[tr_i, 2] = 0
+                    trace[tr_i, 3] = EV_PREEMPTED
+                    tr_i += 1
+                if v == r:
+                    scheduled = False
+                    break
+            if not scheduled:
+                break
+            blocks[r] += need
+            free_blocks -= need
+            sched_req[nsched] = r
+            sched_tok[nsched] = num_new
+            nsched += 1
+            budget -= num_new
+            i += 1
+        n_sched_running = nsched
+
+        # 3. WAITING loop (skipped in a step that preempted).
+        if not preempted_now:
+            while budget > 0 and n_waiting > 0 and nrun < max_num_seqs:
+                if n_distinct < a_max:
+                    a = all_idx[1]
+                    if all_keys[1] == INF_KEY:
+                        break
+                else:
+                    a = set_idx[1]
+                    if set_keys[1] == INF_KEY:
+                        break  # every waiting request is skipped for the LoRA limit
+                from_stack = stack_top[a] >= 0
+                r = stack_top[a] if from_stack else ad_list[arr_ptr[a]]
+                num_new = min(ntok[r] - computed[r], budget)
+                need = (num_new + block_size - 1) // block_size
+                check = (ntok[r] + block_size - 1) // block_size if full_prompt_admission else need
+                if check > free_blocks:
+                    if nrun == 0 and nsched == 0:
+                        # Can never fit, even into an empty cache: vLLM would reject it up front.
+                        state[r] = REJECTED
+                        rejected += 1
+                    else:
+                        break
+                else:
+                    blocks[r] = need
+                    free_blocks -= need
+                    state[r] = RUNNING
+                    running[nrun] = r
+                    nrun += 1
+                    if run_count[a] == 0:
+                        n_distinct += 1
+                    run_count[a] += 1
+                    sched_req[nsched] = r
+                    sched_tok[nsched] = num_new
+                    nsched += 1
+                    budget -= num_new
+                # Pop r from its adapter's queue and refresh the adapter's head.
+                n_waiting -= 1
+                if from_stack:
+                    stack_top[a] = stack_next[r]
+                else:
+                    arr_ptr[a] += 1
+                while arr_ptr[a] < arr_end[a] and state[ad_list[arr_ptr[a]]] == REJECTED:
+                    arr_ptr[a] += 1
+                hk = INF_KEY
+                if stack_top[a] >= 0:
+                    hk = qkey[stack_top[a]]
+                elif arr_ptr[a] < arr_end[a]:
+                    hk = qkey[ad_list[arr_ptr[a]]]
+                _tree_update(all_keys, all_idx, size, a, hk)
+                _tree_update(set_keys, set_idx, size, a, hk if run_count[a] > 0 else INF_KEY)
+
+        if nsched == 0:
+            # Nothing runnable now (e.g. only a rejected head): wait for the next arrival.
+            if next_arr >= n:
+                break
+            now = max(now, arrival[next_arr])
+            continue
+
+        # 4. Step cost: batch shape, adapter loads, scheduler overhead.
+        n_tokens = 0
+        n_decode = 0
+        n_batch_ads = 0
+        for j in range(nsched):
+            r = sched_req[j]
+            n_tokens += sched_tok[j]
+            if sched_tok[j] == 1 and computed[r] == ntok[r] - 1 and ntok[r] > in_len[r]:
+                n_decode += 1
+            a = adapter[r]
+            if batch_stamp[a] != step:
+                batch_stamp[a] = step
+                batch_ads[n_batch_ads] = a
+                n_batch_ads += 1
+        load_ms = 0.0
+        for j in range(n_batch_ads):
+            a = batch_ads[j]
+            if not resident[a]:
+                if n_resident >= a_max:
+                    victim = -1
+                    for c in range(na):
+                        if resident[c] and batch_stamp[c] != step and (victim < 0 or last_used[c] < last_used[victim]):
+                            victim = c
+                    resident[victim] = False
+                    n_resident -= 1
+                resident[a] = True
+                n_resident += 1
+                load_ms += ad_load_ms[a]
+                loads += 1
+            last_used[a] = step
+        b = float(nsched)
+        prompt_tokens = float(n_tokens - n_decode)
+        step_ms = (lat[1] + lat[0] * b + lat[2] * prompt_tokens) * (lat[4] + lat[3] * n_batch_ads) / 100.0
+        if n_batch_ads > 0:
+            step_ms += lat[5] + lat[6] * b + lat[7] * n_batch_ads
+        sched_us = sched[0] * nrun + sched[1] * n_waiting + sched[2] * n_waiting * a_max / sched[4] + sched[3]
+        if sched_us > 0:
+            step_ms += sched_us / 1000.0
+        dt = (step_ms + load_ms) / 1000.0
+        t_end = now + dt
+        busy_s += dt
+
+        if trace_cap > 0:
+            for j in range(nsched):
+                if tr_i < trace_cap:
+                    trace[tr_i, 0] = now
+                    trace[tr_i, 1] = sched_req[j]
+                    trace[tr_i, 2] = sched_tok[j]
+                    trace[tr_i, 3] = EV_SCHEDULED if j < n_sched_running else EV_ADMITTED
+                    tr_i += 1
+
+        # 5. Apply the step's output: computed tokens, sampled tokens, finished requests.
+        any_finished = False
+        for j in range(nsched):
+            r = sched_req[j]
+            computed[r] += sched_tok[j]
+            if computed[r] == ntok[r]:
+                ntok[r] += 1
+                if first_tok[r] < 0:
+                    first_tok[r] = t_end
+                if last_tok[r] >= 0:
+                    gap = t_end - last_tok[r]
+                    itl_sum[r] += gap
+                    itl_cnt[r] += 1
+                    x = np.log10(gap * 1000.0) if gap > 0 else ITL_HIST_LO - 1
+                    bi = int((x - ITL_HIST_LO) * ITL_HIST_BINS_PER_DECADE) + 1
+                    bi = min(max(bi, 0), n_hist + 1)
+                    itl_hist[bi] += 1
+                last_tok[r] = t_end
+                if ntok[r] - in_len[r] >= out_len[r]:
+                    state[r] = FINISHED
+                    finish[r] = t_end
+                    any_finished = True
+                    if tr_i < trace_cap:
+                        trace[tr_i, 0] = now
+                        trace[tr_i, 1] = r
+                        trace[tr_i, 2] = 0
+                        trace[tr_i, 3] = EV_FINISHED
+                        tr_i += 1
+        if any_finished:
+            k = 0
+            for j in range(nrun):
+                r = running[j]
+                if state[r] == FINISHED:
+                    free_blocks += blocks[r]
+                    blocks[r] = 0
+                    a = adapter[r]
+                    run_count[a] -= 1
+                    if run_count[a] == 0:
+                        n_distinct -= 1
+                        _tree_update(set_keys, set_idx, size, a, INF_KEY)
+                else:
+                    running[k] = r
+                    k += 1
+            nrun = k
+        now = t_end
+        step += 1
+
+    counters = np.array([preemptions, loads, rejected, step, ts_i, tr_i], np.int64)
+    return (state, first_tok, finish, itl_sum, itl_cnt, itl_hist, counters, busy_s,
+            ts[:ts_i], trace[:tr_i])

