@@ -1,7 +1,7 @@
 """Twin fidelity against the study's real 1-hour Qwen2.5-7B runs on an H100 64GB.
 
-    python benchmarks/twin_fidelity.py [--profile h100-64gb-qwen2.5-7b] [--latency default|study]
-    python benchmarks/twin_fidelity.py --calibrate     # refit the 2 calibrated step constants
+    python benchmarks/twin_fidelity.py [--profile h100-64gb-qwen2.5-7b] [--latency default|with-prefill]
+    python benchmarks/twin_fidelity.py --kp 0.02      # the default model plus a prompt-token cost
 
 The twin gets only what a user knows — adapter count and ranks, the rate set, A_max, max rank
 and the mean prompt/output lengths of the run's prompt pool — never the real arrival times. The
@@ -10,13 +10,13 @@ opened one TCP connection per request and so could hold at most ~28k requests in
 default ephemeral port range, 32768–60999: 28232 ports; the runs peak at 27.7k running+waiting);
 the twin models that client with ``max_in_flight=28232`` (``--no-client-cap`` turns it off).
 
-Runs are split by scenario: the ranks-{8,16} runs are the *calibration half* (``--calibrate``
-fits the prompt-token cost and the fixed share of the LoRA cost on them), the ranks-{8,16,32}
+Runs are split by scenario: the ranks-{8,16} runs are the *calibration half* (the only constant
+chosen with real runs, the ``with-prefill`` variant's kp, was picked on them), the ranks-{8,16,32}
 runs are *held out*. Errors are reported per half and per regime (real starved / not starved)
 next to a trivial predictor, min(0.98 × arriving token rate, saturation throughput), and the
 study's own twin. SMAPE here is the standard one, 100·mean(2|p−r|/(|p|+|r|)).
 
-Writes artifacts/benchmarks/twin_fidelity.json (and the calibration JSON with --calibrate).
+Writes artifacts/benchmarks/twin_fidelity[_VARIANT].json.
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ from twin.atomic import write_json_atomic  # noqa: E402
 
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "reference-h100-64gb"
 CLIENT_PORTS = 60999 - 32768 + 1
-CALIBRATION_FILE = ROOT / "datasets" / "measured" / "h100-step-calibration.json"
 
 
 def smape(pred, real) -> float:
@@ -139,27 +138,6 @@ def saturation_throughput(profile_id, latency) -> float:
     return simulate_run((run, profile_id, latency, 1, True, None))["total_throughput_tok_s"]
 
 
-def calibrate(runs, profile_id, seeds, jobs) -> dict:
-    """Grid-fit kp and the LoRA fixed share on half the calibration runs (throughput + ITL SMAPE)."""
-    from serving_harness.published_profiles import fit_lora_cost, _rows
-
-    calib = [r for r in runs if r["adapter_ranks"] == "8 16"][::2]  # every other run keeps it ~10 min
-    lo_rows = _rows(DEFAULT_DATA / "lora_overhead_vs_adapters.csv")
-    _, fixed, batch = fit_lora_cost(lo_rows, "qwen-2.5-7b-instruct")
-    real_thr = [float(r["total_throughput"]) for r in calib]
-    real_itl = [float(r["mean_itl_ms"]) for r in calib]
-    best = None
-    for kp in [0.008, 0.014, 0.02, 0.026]:
-        for share in [0.15, 0.3, 0.45]:
-            override = {"kp": kp, "l0": share * fixed, "l1": (1 - share) * fixed / batch}
-            preds = predict(calib, profile_id, "default", seeds, True, override, jobs)
-            err = smape([p["total_throughput_tok_s"] for p in preds], real_thr) + smape([p["itl_ms_mean"] for p in preds], real_itl)
-            print(f"  kp={kp:<6} share={share:<5} thr+itl SMAPE={err:.2f}", flush=True)
-            if best is None or err < best[0]:
-                best = (err, kp, share)
-    return {"kp_ms_per_prompt_token": best[1], "lora_fixed_share": best[2], "objective_thr_plus_itl_smape": best[0]}
-
-
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
@@ -168,27 +146,18 @@ def main(argv=None) -> None:
     ap.add_argument("--seeds", type=int, default=2, help="twin runs (seeds) averaged per real run")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--no-client-cap", action="store_true")
-    ap.add_argument("--calibrate", action="store_true", help=f"refit and write {CALIBRATION_FILE.name}")
+    ap.add_argument("--kp", type=float, default=None, help="override the prompt-token cost kp (ms/token)")
     ap.add_argument("--out", type=Path, default=ROOT / "artifacts" / "benchmarks" / "twin_fidelity.json")
     args = ap.parse_args(argv)
     runs = load_runs(args.data)
-    if args.calibrate:
-        fit = calibrate(runs, args.profile, args.seeds, args.jobs)
-        cal = json.loads(CALIBRATION_FILE.read_text()) if CALIBRATION_FILE.exists() else {"models": {}}
-        cal["source"] = ("benchmarks/twin_fidelity.py --calibrate: grid fit on the calibration half "
-                         "(ranks 8/16 scenarios) of real_runs_qwen.csv")
-        cal["models"]["qwen-2.5-7b-instruct"] = fit
-        # No real Llama runs are shared: Llama takes Qwen's calibrated values (same engine, similar size).
-        cal["models"]["llama-3.1-8b-instruct"] = {**fit, "note": "taken from the Qwen calibration"}
-        write_json_atomic(CALIBRATION_FILE, cal)
-        print(f"wrote {CALIBRATION_FILE}: {fit}")
-        return
+    override = None if args.kp is None else {"kp": args.kp}
     t0 = time.time()
-    preds = predict(runs, args.profile, args.latency, args.seeds, not args.no_client_cap, None, args.jobs)
+    preds = predict(runs, args.profile, args.latency, args.seeds, not args.no_client_cap, override, args.jobs)
     sat = saturation_throughput(args.profile, args.latency)
     table = evaluate(runs, preds, sat)
     result = {
-        "benchmark": "twin_fidelity", "profile": args.profile, "latency_model": args.latency,
+        "benchmark": "twin_fidelity", "command": "python " + " ".join(sys.argv),
+        "profile": args.profile, "latency_model": args.latency, "kp_override": args.kp,
         "seeds_per_run": args.seeds, "client_cap": None if args.no_client_cap else CLIENT_PORTS,
         "smape": "standard: 100*mean(2|p-r|/(|p|+|r|))", "saturation_throughput_tok_s": sat,
         "mean_sim_wall_s": float(np.mean([p["sim_wall_s"] for p in preds])),
@@ -198,7 +167,9 @@ def main(argv=None) -> None:
                      "real_itl": float(r["mean_itl_ms"]), "twin_itl": p["itl_ms_mean"],
                      "real_starved": r["starved"] == "1", "twin_starved": p["starved"]} for r, p in zip(runs, preds)],
     }
-    out = args.out if args.latency == "default" else args.out.with_name(f"twin_fidelity_{args.latency}.json")
+    tag = "" if args.latency == "default" else f"_{args.latency}"
+    tag += "" if args.kp is None else f"_kp{args.kp}"
+    out = args.out.with_name(f"{args.out.stem}{tag}.json")
     write_json_atomic(out, result)
     for half in ("all", "calibration_half", "held_out"):
         for regime in ("overall", "real_not_starved", "real_starved"):

@@ -48,14 +48,14 @@ def read_workload(path: str | os.PathLike, profile: Profile | None = None) -> Wo
         raise _fail(path, 1, None, "uses another delimiter; separate columns with commas")
     missing = [c for c in REQUIRED if c not in header]
     if missing:
-        raise _fail(path, 1, missing[0], f"is missing; the header needs {', '.join(REQUIRED)} "
+        raise _fail(path, 1, missing[0], f"missing from the header; it needs {', '.join(REQUIRED)} "
                     f"(optional: {', '.join(OPTIONAL)})")
     extra = [c for c in header if c not in REQUIRED + OPTIONAL]
     if extra:
-        raise _fail(path, 1, extra[0], f"is not a workload column; allowed: {', '.join(REQUIRED + OPTIONAL)}")
+        raise _fail(path, 1, extra[0], f"not a workload column; allowed: {', '.join(REQUIRED + OPTIONAL)}")
     dup = {c for c in header if header.count(c) > 1}
     if dup:
-        raise _fail(path, 1, sorted(dup)[0], "appears twice in the header")
+        raise _fail(path, 1, sorted(dup)[0], "appears twice in the header; keep one")
     col = {c: i for i, c in enumerate(header)}
     adapters: list[Adapter] = []
     seen: dict[str, int] = {}

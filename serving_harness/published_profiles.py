@@ -3,25 +3,19 @@
 Rebuild the shipped profiles with::
 
     python -m serving_harness.published_profiles --data ../shared/data/reference-h100-64gb \
-        --calibration datasets/measured/h100-step-calibration.json --out-dir artifacts/profiles
+        --out-dir artifacts/profiles
 
-What is fitted from what (all inputs are the study's profiling files, never its real runs, except
-the two step-latency constants of the calibration file, which `benchmarks/twin_fidelity.py
---calibrate` fits on the *calibration half* of the real Qwen runs and which the fidelity table then
-reports on the held-out half):
+What comes from where (only the study's profiling files, never its real runs):
 
 * KV capacity T_max(A_max, max_lora_rank): the start-up grid (``kv_capacity_tokens.csv``,
-  ``experiment=mem_max_grid``), no-LoRA value from the serving-config rows.
-* Backbone step latency k4·B + k5: OLS on the decode rows of ``backbone_itl_vs_batch.csv``
-  (reproduces the study's K4/K5 exactly).
-* LoRA cost, additive: ITL(LoRA) − ITL(backbone) at the profiled batch, OLS against the mean
-  distinct adapters per batch (``lora_overhead_vs_adapters.csv``) gives l2 (ms per distinct
-  adapter) and the total fixed cost at that batch; the calibration's ``lora_fixed_share`` splits
-  that cost into a per-step part l0 and a per-token part l1.
-* Prompt-token cost kp: from the calibration file.
-* Adapter load latency and scheduler overhead: the study's tables/constants.
-
-The study's own constants are kept as the ``study`` latency variant.
+  ``experiment=mem_max_grid``); the no-LoRA value from the serving-config rows.
+* Step latency, default model (the study's eq. 1): k4·B + k5 by OLS on the decode rows of
+  ``backbone_itl_vs_batch.csv`` (reproduces the study's K4/K5 exactly); K6/K7 as published (part of
+  their x data is missing from the public snapshot, so they cannot be refitted).
+* Variant ``with-prefill``: the same plus a prompt-token cost kp = 0.01 ms/token (the Llama prefill
+  rows suggest 0.02 ms/token of backbone time; 0.01 was the better of {0, 0.01, 0.02} for throughput
+  on the calibration half of the real runs, see benchmarks/twin_fidelity.py --kp).
+* Adapter load latency and scheduler overhead: the study's tables and constants.
 """
 
 from __future__ import annotations
@@ -29,6 +23,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +35,7 @@ MODELS = {
     "h100-64gb-qwen2.5-7b": ("qwen-2.5-7b-instruct", "Qwen2.5-7B-Instruct", 32768),
 }
 #: Mean ShareGPT pool lengths of the study's real runs (data README, caveat 4).
+PREFILL_KP = 0.01
 DEFAULT_LENGTHS = {"llama-3.1-8b-instruct": (222.9, 196.4), "qwen-2.5-7b-instruct": (222.7, 200.0)}
 
 
@@ -72,38 +68,21 @@ def fit_backbone(rows, model: str) -> tuple[float, float]:
     return _ols([r["mean_batch_size"] for r in dec], [r["mean_itl_ms"] for r in dec])
 
 
-def fit_lora_cost(rows, model: str) -> tuple[float, float, float]:
-    """(l2 ms per distinct adapter, fixed LoRA cost ms at the profiled batch, that batch)."""
-    pts = [r for r in rows if r["model"] == model and r["experiment"] == "lora_overhead"
-           and r["mean_unique_adapters_per_batch"] and not r["failure"]]
-    x = [float(r["mean_unique_adapters_per_batch"]) for r in pts]
-    y = [float(r["mean_itl_ms"]) - float(r["backbone_ref_itl_ms"]) for r in pts]
-    l2, fixed = _ols(x, y)
-    batch = float(np.mean([float(r["mean_batch_size"]) for r in pts]))
-    return l2, fixed, batch
-
-
-def build(data: Path, calibration: dict) -> dict[str, dict]:
+def build(data: Path) -> dict[str, dict]:
     consts = json.loads((data / "fitted_constants.json").read_text())
     kv_rows = _rows(data / "kv_capacity_tokens.csv")
     bb_rows = _rows(data / "backbone_itl_vs_batch.csv")
-    lo_rows = _rows(data / "lora_overhead_vs_adapters.csv")
     sched = consts["scheduler_overhead_model_seconds"]["unscaled_equivalent"]
     out = {}
     for pid, (model, pretty, max_len) in MODELS.items():
         c = consts["models"][model]
         points, tokens, failures, no_lora, verified = kv_table(kv_rows, model)
         k4, k5 = fit_backbone(bb_rows, model)
-        l2, lora_fixed, lora_batch = fit_lora_cost(lo_rows, model)
-        cal = calibration["models"][model]
-        share = cal["lora_fixed_share"]
-        ours = StepLatency(
-            k4=k4, k5=k5, kp=cal["kp_ms_per_prompt_token"], k6=0.0, k7=100.0,
-            l0=share * lora_fixed, l1=(1 - share) * lora_fixed / lora_batch, l2=l2,
-            source=("k4,k5: OLS on backbone decode rows; l2 and the LoRA cost at batch "
-                    f"{lora_batch:.0f}: OLS on lora_overhead rows; kp and lora_fixed_share "
-                    f"({share}): {calibration['source']}"),
-        )
+        k6 = c["lora_compute_overhead_pct"]["K6_pct_per_distinct_adapter_in_batch"]["value_full_precision_fit"]
+        k7 = c["lora_compute_overhead_pct"]["K7_pct"]["value_full_precision_fit"]
+        ours = StepLatency(k4=k4, k5=k5, k6=k6, k7=k7, source=(
+            "k4,k5: OLS on the decode rows of backbone_itl_vs_batch.csv; k6,k7: the study's published fit"))
+        with_prefill = replace(ours, kp=PREFILL_KP, source=ours.source + f"; kp={PREFILL_KP} ms per prompt token")
         study = StepLatency(
             k4=c["backbone_decode_step_latency_ms"]["K4_ms_per_running_request"]["value_in_dt_code"],
             k5=c["backbone_decode_step_latency_ms"]["K5_ms"]["value_in_dt_code"],
@@ -129,7 +108,8 @@ def build(data: Path, calibration: dict) -> dict[str, dict]:
                 "a_max_points": points, "tokens": tokens, "failures": failures,
             },
             "step_latency_ms": step_latency_to_dict(ours),
-            "step_latency_variants": {"study": step_latency_to_dict(study)},
+            "step_latency_variants": {"study": step_latency_to_dict(study),
+                                      "with-prefill": step_latency_to_dict(with_prefill)},
             "scheduler_overhead_us": {
                 "k1_us_per_running": sched["K1_us"], "k2_us_per_waiting": sched["K2_us"],
                 "k3_us_per_waiting_x_amax_over_a": sched["K3_us"], "intercept_us": sched["intercept_us"],
@@ -144,9 +124,8 @@ def build(data: Path, calibration: dict) -> dict[str, dict]:
                 "kind": "published measurements",
                 "study": "Agullo et al., arXiv 2508.08343 (BSC + IBM); data: shared/data/reference-h100-64gb",
                 "command": "python -m serving_harness.published_profiles --data ../shared/data/reference-h100-64gb "
-                           "--calibration datasets/measured/h100-step-calibration.json --out-dir artifacts/profiles",
-                "inputs": ["kv_capacity_tokens.csv", "backbone_itl_vs_batch.csv", "lora_overhead_vs_adapters.csv",
-                           "adapter_load_ms.csv", "fitted_constants.json", "datasets/measured/h100-step-calibration.json"],
+                           "--out-dir artifacts/profiles",
+                "inputs": ["kv_capacity_tokens.csv", "backbone_itl_vs_batch.csv",                            "adapter_load_ms.csv", "fitted_constants.json"],
                 "notes": ("Llama's no-LoRA KV 310160 is the study's constant (no raw log); its memory errors are "
                           "partly due to max_model_len 131072. KV depends on max_num_seqs (2048 here)."),
             },
@@ -159,12 +138,11 @@ def build(data: Path, calibration: dict) -> dict[str, dict]:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, required=True, help="the reference-h100-64gb folder")
-    ap.add_argument("--calibration", type=Path, required=True, help="step-latency calibration JSON")
     ap.add_argument("--out-dir", type=Path, required=True)
     args = ap.parse_args(argv)
     from twin.atomic import write_json_atomic
 
-    profiles = build(args.data, json.loads(args.calibration.read_text()))
+    profiles = build(args.data)
     for pid, prof in profiles.items():
         path = args.out_dir / f"{pid}.json"
         write_json_atomic(path, prof)

@@ -1,0 +1,44 @@
+"""The planner CLI: profiles and simulate, human and --json output."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from planner.cli import main
+
+WL = "datasets/workloads/small-8-adapters.csv"
+KEYS = {"total_throughput_tok_s", "input_throughput_tok_s", "output_throughput_tok_s", "arriving_tok_s", "starved",
+        "itl_ms_mean", "ttft_ms_mean", "ttft_ms_p99", "arrived_requests", "finished_requests", "preemptions",
+        "sim_wall_s"}
+
+
+def test_simulate_json_has_the_documented_keys():
+    res = CliRunner().invoke(main, ["simulate", WL, "--a-max", "8", "--duration", "600", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert KEYS <= out.keys()
+    assert out["starved"] is False and out["finished_requests"] > 0
+
+
+def test_simulate_overload_and_unpredictable_and_human_output():
+    res = CliRunner().invoke(main, ["simulate", "datasets/workloads/high-rate-64-adapters.csv", "--a-max", "16",
+                                    "--profile", "h100-64gb-qwen2.5-7b", "--duration", "300",
+                                    "--arrivals", "unpredictable", "--seed", "3"])
+    assert res.exit_code == 0, res.output
+    assert "STARVED" in res.output and "throughput" in res.output
+
+
+def test_memory_error_exits_3():
+    res = CliRunner().invoke(main, ["simulate", "datasets/workloads/mixed-ranks-128-adapters.csv", "--a-max", "128",
+                                    "--duration", "10"])
+    assert res.exit_code == 3
+    assert "memory error" in res.output and "at most --max-loras 96" in res.output
+
+
+def test_profiles_lists_provenance():
+    res = CliRunner().invoke(main, ["profiles", "--json"])
+    assert res.exit_code == 0
+    items = json.loads(res.output)
+    assert any(i["default"] for i in items) and all(i["provenance"] for i in items)

@@ -1,0 +1,60 @@
+"""Shipped profiles load and say where they come from; bad profiles are refused clearly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from twin import ProfileError, list_profiles, load_profile
+from twin.profile import admission_rule_for_version, profile_from_dict
+
+from conftest import make_profile_dict
+
+
+def test_shipped_profiles_reproduce_the_study_tables():
+    ids = {p.profile_id for p in list_profiles()}
+    assert {"h100-64gb-llama-3.1-8b", "h100-64gb-qwen2.5-7b"} <= ids
+    llama = load_profile("h100-64gb-llama-3.1-8b")
+    assert llama.kv.tokens_for(64, 16) == 256640  # Mem_max table, study notes §2.5
+    assert {r: llama.kv.max_a_max(r) for r in (8, 16, 32)} == {8: 384, 16: 224, 32: 96}
+    assert llama.step_latency.k4 == pytest.approx(0.0437994, rel=1e-6)
+    assert llama.step_latency.k5 == pytest.approx(10.54174836, rel=1e-8)
+    qwen = load_profile("h100-64gb-qwen2.5-7b")
+    assert qwen.kv.no_lora_tokens == 711200 and qwen.kv.max_a_max(32) == 224
+    assert qwen.engine.admission_rule == "first_chunk"  # vLLM 0.8.5
+    for p in (llama, qwen):
+        assert "command" in p.provenance and "study" in p.step_latency_variants
+
+
+def test_admission_rule_follows_engine_version():
+    assert admission_rule_for_version("0.8.5") == "first_chunk"
+    assert admission_rule_for_version("0.32.0+cpu") == "full_prompt"
+
+
+@pytest.mark.parametrize("change,expect", [
+    ({"schema_version": 99}, "schema_version is 99"),
+    ({"engine.block_size": 0}, "engine.block_size must be > 0"),
+    ({"kv_capacity.tokens": {"8": [100, 200]}}, "must list 1 values"),
+    ({"kv_capacity.a_max_points": [8, 16], "kv_capacity.tokens": {"8": [100, 200]}}, "must not increase"),
+    ({"step_latency_ms": {"k5_ms": 1.0}}, "step_latency_ms.k4_ms_per_request is missing"),
+    ({"provenance": {}}, "provenance must say how"),
+    ({"adapter_load_ms": {"by_max_lora_rank": {"8": {"8": 1.0}}}}, "lacks ranks [16]"),
+    ({"engine.prefix_caching": True}, "prefix_caching"),
+])
+def test_bad_profiles_name_the_key(change, expect):
+    with pytest.raises(ProfileError) as exc:
+        profile_from_dict(make_profile_dict(**change), where="bad.json")
+    assert expect in str(exc.value) and str(exc.value).startswith("bad.json")
+
+
+def test_unknown_profile_and_unreadable_file(tmp_path):
+    with pytest.raises(ProfileError, match="unknown profile 'nope'.*shipped profiles"):
+        load_profile("nope")
+    bad = tmp_path / "p.json"
+    bad.write_text("{not json")
+    with pytest.raises(ProfileError, match="cannot read profile JSON"):
+        load_profile(bad)
+    good = tmp_path / "q.json"
+    good.write_text(json.dumps(make_profile_dict()))
+    assert load_profile(good).profile_id == "test-profile"

@@ -1,0 +1,107 @@
+"""The twin's rules on small hand-checked cases."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from twin import Adapter, InfeasibleError, SimConfig, Workload, simulate, trace_requests
+from twin.core import EV_ADMITTED, EV_SCHEDULED
+
+
+def one_adapter(rate=0.0, rank=8):
+    return Workload((Adapter("a", rank, rate),))
+
+
+def test_single_request_timing_follows_the_step_model(make_profile):
+    """10-token prompt, 3 outputs, budget 64: prefill step (samples token 1), then 2 decode steps."""
+    prof = make_profile(**{
+        "step_latency_ms": {"k4_ms_per_request": 2.0, "k5_ms": 10.0, "kp_ms_per_prompt_token": 0.5,
+                            "l0_ms": 1.0, "l1_ms_per_request": 0.25, "l2_ms_per_adapter": 3.0},
+        "scheduler_overhead_us": {"k1_us_per_running": 100.0, "k2_us_per_waiting": 0.0,
+                                  "k3_us_per_waiting_x_amax_over_a": 0.0, "intercept_us": 50.0},
+    })
+    wl = one_adapter()
+    req = trace_requests(wl, [0.0], ["a"], [10], [3])
+    res = simulate(wl, prof, SimConfig(a_max=1, duration_s=100), req)
+    lat = prof.step_latency
+    sched_ms = (100.0 * 1 + 50.0) / 1000.0
+    prefill = lat.step_ms(1, 10, 1) + sched_ms  # adapter resident from start-up: no load
+    decode = lat.step_ms(1, 0, 1) + sched_ms
+    assert res.ttft_ms_mean == pytest.approx(prefill)
+    assert res.itl_ms_mean == pytest.approx(decode)
+    assert res.finished_requests == 1
+    assert res.total_throughput_tok_s == pytest.approx(13 / 100)
+
+
+def test_adapter_load_paid_once_per_miss(make_profile):
+    prof = make_profile(**{"adapter_load_ms": {"by_max_lora_rank": {"8": {"8": 500.0}, "16": {"16": 1.0}}}})
+    wl = Workload((Adapter("a", 8, 0.0), Adapter("b", 8, 0.0)))
+    # a_max=1: adapter 'a' is resident at start-up; 'b' must be loaded, then 'a' again.
+    req = trace_requests(wl, [0.0, 10.0, 20.0], ["a", "b", "a"], [5, 5, 5], [1, 1, 1])
+    res = simulate(wl, prof, SimConfig(a_max=1, duration_s=100), req)
+    assert res.adapter_loads == 2
+    assert res.ttft_ms_mean == pytest.approx((1000 + 1500 + 1500) / 3)
+
+
+def test_light_load_keeps_up_and_heavy_load_starves(make_profile):
+    prof = make_profile(**{"step_latency_ms": {"k4_ms_per_request": 0.5, "k5_ms": 5.0},
+                           "engine.max_num_batched_tokens": 512})
+    light = simulate(Workload((Adapter("a", 8, 0.5, 50, 20),)), prof, SimConfig(a_max=1, duration_s=600))
+    assert not light.starved
+    assert light.total_throughput_tok_s == pytest.approx(light.arriving_tok_s, rel=0.05)
+    heavy = simulate(Workload((Adapter("a", 8, 200.0, 50, 20),)), prof, SimConfig(a_max=1, duration_s=120))
+    assert heavy.starved and heavy.total_throughput_tok_s < 0.9 * heavy.arriving_tok_s
+
+
+def test_same_seed_same_result_other_seed_differs(make_profile):
+    prof = make_profile(**{"step_latency_ms": {"k4_ms_per_request": 0.5, "k5_ms": 5.0}})
+    wl = Workload(tuple(Adapter(f"a{i}", 8, 0.3, 40, 10) for i in range(6)))
+    a = simulate(wl, prof, SimConfig(a_max=2, duration_s=300, seed=1))
+    b = simulate(wl, prof, SimConfig(a_max=2, duration_s=300, seed=1))
+    c = simulate(wl, prof, SimConfig(a_max=2, duration_s=300, seed=2))
+    assert a.total_throughput_tok_s == b.total_throughput_tok_s and a.ttft_ms_p99 == b.ttft_ms_p99
+    assert a.arrived_requests != c.arrived_requests or a.total_throughput_tok_s != c.total_throughput_tok_s
+
+
+def test_batches_never_exceed_max_loras_or_kv(make_profile):
+    prof = make_profile(**{"step_latency_ms": {"k4_ms_per_request": 1.0, "k5_ms": 5.0},
+                           "kv_capacity.no_lora_tokens": 480, "kv_capacity.tokens": {"8": [480], "16": [480]}})
+    wl = Workload(tuple(Adapter(f"a{i}", 8, 2.0, 60, 30) for i in range(8)))
+    res = simulate(wl, prof, SimConfig(a_max=3, duration_s=60, trace_events=500_000, timeseries_dt_s=0.5),
+                   None)
+    assert res.preemptions > 0
+    assert res.timeseries[:, 3].max() <= 1.0
+    from twin.workload import draw_requests
+
+    reqs = draw_requests(wl, 60, 0, default_input_tokens=100, default_output_tokens=50)
+    per_step: dict[float, set] = {}
+    for t, r, _tok, kind in res.trace:
+        if kind in (EV_SCHEDULED, EV_ADMITTED):
+            per_step.setdefault(t, set()).add(int(reqs.adapter[int(r)]))
+    assert max(len(s) for s in per_step.values()) == 3
+
+
+def test_memory_error_is_infeasible(make_profile):
+    prof = make_profile(**{"kv_capacity.a_max_points": [8, 16], "kv_capacity.tokens": {"8": [4000, 3000], "16": [3500, None]}})
+    with pytest.raises(InfeasibleError, match="at most --max-loras 8"):
+        simulate(Workload((Adapter("a", 16, 1.0),)), prof, SimConfig(a_max=12, duration_s=10))
+    assert prof.kv.tokens_for(12, 8) == 3500  # interpolated between the 8 and 16 points
+    assert prof.kv.tokens_for(17, 8) is None  # never extrapolated past the grid
+
+
+def test_client_cap_rejects_arrivals_beyond_it(make_profile):
+    prof = make_profile()  # 1 s steps: hopelessly overloaded
+    wl = Workload((Adapter("a", 8, 50.0, 20, 20),))
+    res = simulate(wl, prof, SimConfig(a_max=1, duration_s=30, max_in_flight=100))
+    assert res.rejected_requests > 0
+    assert res.arrived_requests > res.finished_requests + res.rejected_requests
+
+
+def test_overload_with_huge_queue_is_handled(make_profile):
+    """Hundreds of thousands waiting and a full LoRA set: the scan must not be O(waiting)."""
+    prof = make_profile(**{"step_latency_ms": {"k4_ms_per_request": 0.05, "k5_ms": 20.0}})
+    wl = Workload(tuple(Adapter(f"a{i}", 8, 20.0, 200, 100) for i in range(100)))
+    res = simulate(wl, prof, SimConfig(a_max=4, duration_s=300))
+    assert res.arrived_requests > 500_000
+    assert res.starved and res.finished_requests > 0
