@@ -58,6 +58,27 @@ def _tree_update(keys, idxs, size, a, key):
         pos >>= 1
 
 
+@nb.njit(cache=True, inline="always")
+def _itl_bin(gap_s, n_hist):
+    x = np.log10(gap_s * 1000.0) if gap_s > 0 else ITL_HIST_LO - 1
+    return min(max(int((x - ITL_HIST_LO) * ITL_HIST_BINS_PER_DECADE) + 1, 0), n_hist + 1)
+
+
+@nb.njit(cache=True, inline="always")
+def _refresh_head(a, state, qkey, ad_list, arr_ptr, arr_end, stack_top, run_count,
+                  all_keys, all_idx, set_keys, set_idx, size):
+    """Recompute adapter ``a``'s queue head (skipping rejected arrivals) and update both trees."""
+    while arr_ptr[a] < arr_end[a] and state[ad_list[arr_ptr[a]]] == REJECTED:
+        arr_ptr[a] += 1
+    hk = INF_KEY
+    if stack_top[a] >= 0:
+        hk = qkey[stack_top[a]]
+    elif arr_ptr[a] < arr_end[a]:
+        hk = qkey[ad_list[arr_ptr[a]]]
+    _tree_update(all_keys, all_idx, size, a, hk)
+    _tree_update(set_keys, set_idx, size, a, hk if run_count[a] > 0 else INF_KEY)
+
+
 @nb.njit(cache=True)
 def simulate_core(
     arrival, adapter, in_len, out_len,  # requests, sorted by arrival
@@ -158,16 +179,8 @@ def simulate_core(
                 qkey[r] = r
                 n_waiting += 1
             next_arr += 1
-            # Refresh this adapter's head (skipping rejected requests at the pointer).
-            while arr_ptr[a] < arr_end[a] and state[ad_list[arr_ptr[a]]] == REJECTED:
-                arr_ptr[a] += 1
-            hk = INF_KEY
-            if stack_top[a] >= 0:
-                hk = qkey[stack_top[a]]
-            elif arr_ptr[a] < arr_end[a]:
-                hk = qkey[ad_list[arr_ptr[a]]]
-            _tree_update(all_keys, all_idx, size, a, hk)
-            _tree_update(set_keys, set_idx, size, a, hk if run_count[a] > 0 else INF_KEY)
+            _refresh_head(a, state, qkey, ad_list, arr_ptr, arr_end, stack_top, run_count,
+                          all_keys, all_idx, set_keys, set_idx, size)
 
         while ts_dt > 0 and next_ts <= now and ts_i < n_ts:
             ts[ts_i, 0] = next_ts
@@ -277,15 +290,8 @@ def simulate_core(
                     stack_top[a] = stack_next[r]
                 else:
                     arr_ptr[a] += 1
-                while arr_ptr[a] < arr_end[a] and state[ad_list[arr_ptr[a]]] == REJECTED:
-                    arr_ptr[a] += 1
-                hk = INF_KEY
-                if stack_top[a] >= 0:
-                    hk = qkey[stack_top[a]]
-                elif arr_ptr[a] < arr_end[a]:
-                    hk = qkey[ad_list[arr_ptr[a]]]
-                _tree_update(all_keys, all_idx, size, a, hk)
-                _tree_update(set_keys, set_idx, size, a, hk if run_count[a] > 0 else INF_KEY)
+                _refresh_head(a, state, qkey, ad_list, arr_ptr, arr_end, stack_top, run_count,
+                              all_keys, all_idx, set_keys, set_idx, size)
 
         if nsched == 0:
             # Nothing runnable now (e.g. only a rejected head): wait for the next arrival.
@@ -347,6 +353,7 @@ def simulate_core(
 
         # 5. Apply the step's output: computed tokens, sampled tokens, finished requests.
         any_finished = False
+        step_bin = -1
         for j in range(nsched):
             r = sched_req[j]
             computed[r] += sched_tok[j]
@@ -358,10 +365,13 @@ def simulate_core(
                     gap = t_end - last_tok[r]
                     itl_sum[r] += gap
                     itl_cnt[r] += 1
-                    x = np.log10(gap * 1000.0) if gap > 0 else ITL_HIST_LO - 1
-                    bi = int((x - ITL_HIST_LO) * ITL_HIST_BINS_PER_DECADE) + 1
-                    bi = min(max(bi, 0), n_hist + 1)
-                    itl_hist[bi] += 1
+                    # Most tokens follow one from the previous step (gap == dt): bin that once.
+                    if last_tok[r] == now:
+                        if step_bin < 0:
+                            step_bin = _itl_bin(gap, n_hist)
+                        itl_hist[step_bin] += 1
+                    else:
+                        itl_hist[_itl_bin(gap, n_hist)] += 1
                 last_tok[r] = t_end
                 if ntok[r] - in_len[r] >= out_len[r]:
                     state[r] = FINISHED
