@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from twin import Adapter, InfeasibleError, SimConfig, Workload, simulate, trace_requests

@@ -229,11 +229,9 @@ DEFAULT_PROFILE_ID = "h100-64gb-llama-3.1-8b"
 def load_profile(id_or_path: str | os.PathLike = DEFAULT_PROFILE_ID) -> Profile:
     """Load and validate a profile by id (shipped) or by JSON file path."""
     path = Path(id_or_path)
-    if not path.suffix == ".json" or not path.exists():
-        candidate = profiles_dir() / f"{id_or_path}.json"
-        if candidate.exists():
-            path = candidate
-        elif not path.exists():
+    if not path.is_file():
+        path = profiles_dir() / f"{id_or_path}.json"
+        if not path.is_file():
             known = ", ".join(p.stem for p in sorted(profiles_dir().glob("*.json"))) or "none"
             raise ProfileError(f"unknown profile '{id_or_path}' (shipped profiles: {known}; or give a .json path)")
     try:

@@ -5,8 +5,9 @@ Window convention (the study's and the benchmark client's): requests arrive over
 Throughput counts the input + output tokens of requests that finished inside the measurement
 window [warmup, duration], divided by its length; the arriving token rate counts every request
 that arrived inside it, finished or not. A short window therefore under-reports throughput.
-Latency statistics are over finished requests (the benchmark's convention); ``ttft_ms_mean_study``
-also counts each unfinished arrival with the whole window (the study's convention).
+Latency statistics are over finished requests (the benchmark's convention), except the ITL
+percentiles, which come from a histogram of every inter-token gap (unfinished requests included);
+``ttft_ms_mean_study`` also counts each unfinished arrival with the whole window (the study's).
 """
 
 from __future__ import annotations

@@ -44,15 +44,8 @@ class Workload:
     def ranks(self) -> np.ndarray:
         return np.array([a.rank for a in self.adapters], np.int64)
 
-    @property
-    def rates(self) -> np.ndarray:
-        return np.array([a.rate_rps for a in self.adapters], np.float64)
-
     def __len__(self) -> int:
         return len(self.adapters)
-
-    def subset(self, indices) -> "Workload":
-        return Workload(tuple(self.adapters[i] for i in indices))
 
 
 @dataclass(frozen=True)
