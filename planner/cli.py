@@ -1,56 +1,13 @@
-"""The ``planner`` command line.
+"""The ``planner`` command line: the group and the registration of every command module.
 
 Exit codes: 0 ok · 1 internal error · 2 bad input · 3 infeasible (e.g. a memory error).
 """
 
 from __future__ import annotations
 
-import functools
-import json
-import math
-import sys
-
 import click
 
-from twin.errors import LoraPlannerError
-
-EPILOG_SIMULATE = """\b
-Example:
-  planner simulate datasets/workloads/qwen-64-high-rate.csv --a-max 16 \\
-      --profile h100-64gb-qwen2.5-7b --duration 3600 --json
-"""
-
-
-def _clean(obj):
-    """JSON-safe copy: NaN/inf become null."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    return obj
-
-
-def print_json(obj) -> None:
-    click.echo(json.dumps(_clean(obj), indent=1, allow_nan=False))
-
-
-def user_errors(fn):
-    """Turn user-facing errors into one-line messages and exit codes; no tracebacks for bad input."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except LoraPlannerError as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(exc.exit_code)
-        except KeyboardInterrupt:
-            click.echo("interrupted", err=True)
-            sys.exit(130)
-
-    return wrapper
+from planner import cli_twin
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -65,100 +22,8 @@ def main() -> None:
     """
 
 
-@main.command()
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@user_errors
-def profiles(as_json: bool) -> None:
-    """List the shipped profiles with their provenance.
-
-    \b
-    Example:
-      planner profiles --json
-    """
-    from twin.profile import DEFAULT_PROFILE_ID, list_profiles
-
-    items = []
-    for p in list_profiles():
-        items.append({
-            "profile_id": p.profile_id, "default": p.profile_id == DEFAULT_PROFILE_ID,
-            "description": p.description, "engine_version": p.engine.version,
-            "lora_ranks": list(p.kv.lora_ranks),
-            "max_a_max": {str(r): p.kv.max_a_max(r) for r in p.kv.lora_ranks},
-            "latency_models": ["default", *p.step_latency_variants],
-            "provenance": p.provenance,
-        })
-    if as_json:
-        print_json(items)
-        return
-    for it in items:
-        mark = " (default)" if it["default"] else ""
-        click.echo(f"{it['profile_id']}{mark}\n  {it['description']}")
-        click.echo(f"  ranks {it['lora_ranks']}, largest --max-loras that starts per rank: {it['max_a_max']}")
-        click.echo(f"  latency models: {', '.join(it['latency_models'])}")
-        click.echo(f"  from: {it['provenance'].get('study') or it['provenance'].get('kind')}")
-        click.echo(f"  rebuild: {it['provenance'].get('command', '-')}\n")
-
-
-@main.command(epilog=EPILOG_SIMULATE)
-@click.argument("workload", type=click.Path(dir_okay=False))
-@click.option("--a-max", type=click.IntRange(min=1), required=True, help="vLLM --max-loras (GPU adapter slots).")
-@click.option("--profile", "profile_id", default=None, help="Profile id or JSON path [default: the default profile].")
-@click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=3600.0, show_default=True,
-              help="Simulated seconds of arrivals.")
-@click.option("--warmup", type=click.FloatRange(min=0), default=0.0, show_default=True,
-              help="Seconds excluded from the measurement window.")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--arrivals", type=click.Choice(["poisson", "unpredictable"]), default="poisson", show_default=True)
-@click.option("--input-tokens", type=click.FloatRange(min=1), default=None,
-              help="Mean prompt tokens for adapters without input_tokens [profile default].")
-@click.option("--output-tokens", type=click.FloatRange(min=1), default=None,
-              help="Mean output tokens for adapters without output_tokens [profile default].")
-@click.option("--lengths", type=click.Choice(["constant", "lognormal"]), default="constant", show_default=True,
-              help="Request lengths: every request at the mean, or log-normal around it (--length-cv).")
-@click.option("--length-cv", type=click.FloatRange(min=0), default=1.0, show_default=True)
-@click.option("--max-in-flight", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Client cap on requests in flight (arrivals beyond it fail); 0 = none.")
-@click.option("--latency-model", default="default", show_default=True,
-              help="Step-latency model of the profile (see `planner profiles`), e.g. 'study'.")
-@click.option("--timeseries-every", type=click.FloatRange(min=0), default=0.0,
-              help="Add running/waiting/KV-use samples every S seconds to --json output.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@user_errors
-def simulate(workload, a_max, profile_id, duration, warmup, seed, arrivals, input_tokens, output_tokens,
-             lengths, length_cv, max_in_flight, latency_model, timeseries_every, as_json) -> None:
-    """Simulate one vLLM server serving WORKLOAD with --max-loras A_MAX in the digital twin.
-
-    Reports throughput (input + output tokens of requests finished in the window, per second),
-    the arriving token rate, whether the server starves (throughput < 0.9 x arriving), ITL and
-    TTFT over finished requests, preemptions and adapter loads. Exit code 3 when the profile says
-    vLLM would not start with this A_max (memory error).
-    """
-    from planner.workload_csv import read_workload
-    from twin import DEFAULT_PROFILE_ID, LengthModel, PoissonArrivals, SimConfig, UnpredictableArrivals, load_profile
-    from twin import simulate as run
-
-    profile = load_profile(profile_id or DEFAULT_PROFILE_ID).with_latency_variant(latency_model)
-    wl = read_workload(workload, profile)
-    cfg = SimConfig(
-        a_max=a_max, duration_s=duration, warmup_s=warmup, seed=seed,
-        arrivals=UnpredictableArrivals() if arrivals == "unpredictable" else PoissonArrivals(),
-        lengths=LengthModel(lengths, length_cv, length_cv),
-        input_tokens=input_tokens, output_tokens=output_tokens, max_in_flight=max_in_flight,
-        timeseries_dt_s=timeseries_every,
-    )
-    res = run(wl, profile, cfg)
-    if as_json:
-        print_json(res.to_dict())
-        return
-    verdict = click.style("STARVED", fg="red") if res.starved else click.style("keeps up", fg="green")
-    click.echo(f"{res.served_adapters} adapters on {res.profile_id}, --max-loras {res.a_max} "
-               f"--max-lora-rank {res.max_lora_rank} (KV {res.kv_tokens} tokens), {res.window_s:.0f} s window")
-    click.echo(f"  throughput {res.total_throughput_tok_s:,.0f} tok/s of {res.arriving_tok_s:,.0f} arriving: {verdict}")
-    click.echo(f"  ITL mean {res.itl_ms_mean:.1f} ms (p99 {res.itl_ms_p99:.1f}); TTFT mean {res.ttft_ms_mean:,.0f} ms "
-               f"(p99 {res.ttft_ms_p99:,.0f})")
-    click.echo(f"  requests: {res.arrived_requests} arrived, {res.finished_requests} finished, "
-               f"{res.rejected_requests} rejected; {res.preemptions} preemptions, {res.adapter_loads} adapter loads")
-    click.echo(f"  simulated in {res.sim_wall_s:.2f} s")
+for _command in (cli_twin.profiles, cli_twin.simulate):
+    main.add_command(_command)
 
 
 if __name__ == "__main__":

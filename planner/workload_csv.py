@@ -55,7 +55,7 @@ def read_workload(path: str | os.PathLike, profile: Profile | None = None) -> Wo
         raise _fail(path, 1, extra[0], f"not a workload column; allowed: {', '.join(REQUIRED + OPTIONAL)}")
     dup = {c for c in header if header.count(c) > 1}
     if dup:
-        raise _fail(path, 1, sorted(dup)[0], "appears twice in the header; keep one")
+        raise _fail(path, 1, min(dup), "appears twice in the header; keep one")
     col = {c: i for i, c in enumerate(header)}
     adapters: list[Adapter] = []
     seen: dict[str, int] = {}

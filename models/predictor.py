@@ -1,0 +1,106 @@
+"""What the planner asks: given one GPU's adapters and ``--max-loras``, what throughput, and does it starve?
+
+A :class:`Predictor` answers for a batch of :class:`GpuScenario`. Backends:
+
+* ``twin`` — runs the digital twin on each scenario (slow, exact; for checks and as the fallback
+  while no surrogate is trained for a profile);
+* surrogate backends registered by ``models`` (full model or small trees, compiled to numba).
+
+Memory feasibility is not a prediction: callers check ``profile.kv.tokens_for`` first; a
+scenario the engine cannot start with raises :class:`twin.errors.InfeasibleError`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Sequence
+
+import numpy as np
+
+from twin.errors import BadInputError
+from twin.profile import Profile
+from twin.simulate import STARVATION_THRESHOLD, SimConfig, simulate
+from twin.workload import Adapter, Workload
+
+
+@dataclass(frozen=True)
+class GpuScenario:
+    """One GPU's load: per-adapter ranks, rates and mean lengths, and the A_max it runs with."""
+
+    ranks: np.ndarray  # int64, one per adapter
+    rates_rps: np.ndarray  # float64
+    input_tokens: np.ndarray  # float64 mean prompt tokens per adapter
+    output_tokens: np.ndarray  # float64 mean output tokens per adapter
+    a_max: int
+    max_lora_rank: int | None = None  # None: the smallest profiled rank holding every adapter
+
+    @property
+    def arriving_tok_s(self) -> float:
+        return float(np.dot(self.rates_rps, self.input_tokens + self.output_tokens))
+
+    def __len__(self) -> int:
+        return int(self.ranks.shape[0])
+
+
+@dataclass(frozen=True)
+class Predictions:
+    throughput_tok_s: np.ndarray  # float64, one per scenario
+    starved: np.ndarray  # bool
+    arriving_tok_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+
+class Predictor(Protocol):
+    profile_id: str
+    kind: str
+
+    def predict(self, scenarios: Sequence[GpuScenario]) -> Predictions: ...
+
+
+@dataclass
+class TwinPredictor:
+    """Answers by simulating each scenario (Poisson arrivals, constant lengths, fixed seed)."""
+
+    profile: Profile
+    duration_s: float = 3600.0
+    seed: int = 0
+    kind: str = "twin"
+
+    @property
+    def profile_id(self) -> str:
+        return self.profile.profile_id
+
+    def predict(self, scenarios: Sequence[GpuScenario]) -> Predictions:
+        thr = np.empty(len(scenarios))
+        arriving = np.empty(len(scenarios))
+        for i, sc in enumerate(scenarios):
+            workload = Workload(tuple(
+                Adapter(f"a{j}", int(sc.ranks[j]), float(sc.rates_rps[j]),
+                        float(sc.input_tokens[j]), float(sc.output_tokens[j]))
+                for j in range(len(sc))
+            ))
+            res = simulate(workload, self.profile, SimConfig(
+                a_max=sc.a_max, duration_s=self.duration_s, seed=self.seed, max_lora_rank=sc.max_lora_rank))
+            thr[i] = res.total_throughput_tok_s
+            arriving[i] = res.arriving_tok_s
+        return Predictions(thr, thr < STARVATION_THRESHOLD * arriving, arriving)
+
+
+PredictorFactory = Callable[[Profile], Predictor]
+_BACKENDS: dict[str, PredictorFactory] = {"twin": TwinPredictor}
+
+
+def register_backend(name: str, factory: PredictorFactory) -> None:
+    """Make ``load_predictor(profile, name)`` build ``factory(profile)``."""
+    _BACKENDS[name] = factory
+
+
+def predictor_names() -> list[str]:
+    return sorted(_BACKENDS)
+
+
+def load_predictor(profile: Profile, kind: str = "twin") -> Predictor:
+    try:
+        factory = _BACKENDS[kind]
+    except KeyError:
+        raise BadInputError(f"unknown predictor '{kind}'; choose one of {', '.join(predictor_names())}") from None
+    return factory(profile)
