@@ -16,6 +16,7 @@ What comes from where (only the study's profiling files, never its real runs):
   rows suggest 0.02 ms/token of backbone time; 0.01 was the better of {0, 0.01, 0.02} for throughput
   on the calibration half of the real runs, see benchmarks/twin_fidelity.py --kp).
 * Adapter load latency and scheduler overhead: the study's tables and constants.
+* Backbone max throughput (what the MaxBase baseline packs to): the study's benchmarked constant.
 """
 
 from __future__ import annotations
@@ -120,12 +121,13 @@ def build(data: Path) -> dict[str, dict]:
                 "source": "adapter_load_ms.csv: mean CPU->GPU activation of 50 loads per cell",
             },
             "defaults": {"input_tokens": d_in, "output_tokens": d_out},
+            "backbone_max_throughput_tok_s": c["maxbase_backbone_max_throughput_tok_s"]["total"],
             "provenance": {
                 "kind": "published measurements",
                 "study": "Agullo et al., arXiv 2508.08343 (BSC + IBM); data: shared/data/reference-h100-64gb",
                 "command": "python -m serving_harness.published_profiles --data ../shared/data/reference-h100-64gb "
                            "--out-dir artifacts/profiles",
-                "inputs": ["kv_capacity_tokens.csv", "backbone_itl_vs_batch.csv",                            "adapter_load_ms.csv", "fitted_constants.json"],
+                "inputs": ["kv_capacity_tokens.csv", "backbone_itl_vs_batch.csv", "adapter_load_ms.csv", "fitted_constants.json"],
                 "notes": ("Llama's no-LoRA KV 310160 is the study's constant (no raw log); its memory errors are "
                           "partly due to max_model_len 131072. KV depends on max_num_seqs (2048 here)."),
             },

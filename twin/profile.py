@@ -192,6 +192,8 @@ class Profile:
     provenance: dict[str, Any]
     validation: dict[str, Any] = field(default_factory=dict)
     step_latency_variants: dict[str, StepLatency] = field(default_factory=dict)
+    #: Benchmarked max input+output tok/s of the backbone without LoRA (what MaxBase packs to); optional.
+    backbone_max_throughput_tok_s: float | None = None
 
     def with_latency_variant(self, name: str) -> "Profile":
         """This profile with another step-latency model (e.g. the study's own constants)."""
@@ -402,4 +404,6 @@ def profile_from_dict(raw: Any, where: str = "profile") -> Profile:
         provenance=prov,
         validation=dict(r.get("validation", {}) or {}),
         step_latency_variants=variants,
+        backbone_max_throughput_tok_s=(r.num("backbone_max_throughput_tok_s", positive=True)
+                                       if r.get("backbone_max_throughput_tok_s", None) is not None else None),
     )
