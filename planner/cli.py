@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import click
 
-from planner import cli_twin
+from planner import cli_plan, cli_twin
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -22,7 +22,7 @@ def main() -> None:
     """
 
 
-for _command in (cli_twin.profiles, cli_twin.simulate):
+for _command in (cli_plan.plan, cli_plan.evaluate, cli_twin.profiles, cli_twin.simulate):
     main.add_command(_command)
 
 

@@ -1,0 +1,165 @@
+"""``planner plan`` and ``planner evaluate``: make a placement, and check one in the twin."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+from planner.cli_common import print_json, user_errors
+
+PLAN_EPILOG = """\b
+Examples:
+  planner plan datasets/workloads/mixed-ranks-128-adapters.csv
+  planner plan workload.csv --gpus 4 --out plan.json --format vllm --model /models/llama-3.1-8b
+  planner plan workload.csv --algorithm paper-greedy --json
+  planner plan workload.csv --headroom 0.2 --plot plan.png     # plan for 20 % more traffic
+
+\b
+Exit codes: 0 a plan where every GPU keeps up and starts · 2 bad input · 3 infeasible (not enough
+GPUs, an adapter no GPU can serve, or a baseline's plan that starves / fails to start; the plan is
+still written with --out so it can be inspected).
+"""
+
+EVALUATE_EPILOG = """\b
+Example:
+  planner evaluate plan.json datasets/workloads/mixed-ranks-128-adapters.csv --duration 1800 --json
+"""
+
+
+def load_predictor_for(profile, kind: str):
+    from models.predictor import load_predictor
+
+    return load_predictor(profile, "twin" if kind == "auto" else kind)
+
+
+def _progress(k: int, n: int, name: str) -> None:
+    if sys.stderr.isatty():
+        click.echo(f"\r  simulating {name} ({k + 1}/{n})", err=True, nl=False)
+
+
+@click.command(epilog=PLAN_EPILOG)
+@click.argument("workload", type=click.Path(dir_okay=False))
+@click.option("--profile", "profile_id", default=None, help="Profile id or JSON path [default profile].")
+@click.option("--gpus", type=click.IntRange(min=1), default=None,
+              help="GPUs available. Packing algorithms use as few as they can and fail (exit 3) past this; "
+                   "random/dlora/latency spread over exactly this many.")
+@click.option("--algorithm", default="greedy", show_default=True,
+              type=click.Choice(["greedy", "paper-greedy", "maxbase", "maxbase-half", "random", "dlora", "latency"]))
+@click.option("--predictor", "predictor_kind", default="auto", show_default=True,
+              help="What answers 'throughput? starves?': auto (the profile's trained surrogate, else the twin), "
+                   "surrogate, small-tree, or twin (slow, exact).")
+@click.option("--headroom", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Plan for rates this fraction above the workload's (0.2 = 20 % more traffic).")
+@click.option("--input-tokens", type=click.FloatRange(min=1), default=None,
+              help="Mean prompt tokens for adapters without input_tokens [profile default].")
+@click.option("--output-tokens", type=click.FloatRange(min=1), default=None,
+              help="Mean output tokens for adapters without output_tokens [profile default].")
+@click.option("--split-hot/--no-split-hot", default=True, show_default=True,
+              help="greedy: split an adapter too hot for one GPU over replicas with routing weights.")
+@click.option("--balance/--no-balance", default=True, show_default=True,
+              help="greedy: spread spare capacity evenly over the GPUs it uses.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random baseline.")
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the placement JSON here.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "vllm"]), default="table", show_default=True,
+              help="What to print: a table, the placement JSON, or one vLLM server command per GPU.")
+@click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
+@click.option("--model", default=None, help="--format vllm: the model path or name [the profile's model].")
+@click.option("--adapter-dir", default="adapters", show_default=True,
+              help="--format vllm: where adapters without a 'path' column live (DIR/<adapter_id>).")
+@click.option("--port-base", type=click.IntRange(1, 65535), default=8000, show_default=True,
+              help="--format vllm: port of the first server; one more per GPU.")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None,
+              help="Write a PNG of per-GPU load vs predicted throughput and A_max (needs matplotlib).")
+@user_errors
+def plan(workload, profile_id, gpus, algorithm, predictor_kind, headroom, input_tokens, output_tokens, split_hot,
+         balance, seed, out, fmt, as_json, model, adapter_dir, port_base, plot) -> None:
+    """Plan the fewest GPUs that serve WORKLOAD, which adapter goes where, and each GPU's --max-loras.
+
+    WORKLOAD is a CSV with one row per adapter (adapter_id,rank,rate_rps[,input_tokens,output_tokens,path]).
+    Every GPU of a greedy plan is predicted to keep up (throughput >= 0.9 x arriving tokens) and to
+    start in memory with its --max-loras and --max-lora-rank.
+    """
+    from planner.plan import PlanOptions, make_plan
+    from planner.render import render_table, render_vllm
+    from planner.workload_csv import read_workload
+    from twin import DEFAULT_PROFILE_ID, InfeasibleError, load_profile
+    from twin.atomic import write_json_atomic
+
+    profile = load_profile(profile_id or DEFAULT_PROFILE_ID)
+    wl = read_workload(workload, profile)
+    predictor = load_predictor_for(profile, predictor_kind)
+    opts = PlanOptions(algorithm=algorithm, gpus=gpus, headroom=headroom, seed=seed, input_tokens=input_tokens,
+                       output_tokens=output_tokens, split_hot=split_hot, balance=balance)
+    t0 = time.perf_counter()
+    placement = make_plan(workload, wl, profile, predictor, opts)
+    placement.inputs["plan_wall_s"] = round(time.perf_counter() - t0, 6)
+    if out:
+        write_json_atomic(out, placement.to_dict())
+    if plot:
+        from planner.plot import plot_placement
+
+        plot_placement(placement, plot)
+    fmt = "json" if as_json else fmt
+    if fmt == "json":
+        print_json(placement.to_dict())
+    elif fmt == "vllm":
+        click.echo(render_vllm(placement, model or profile.model.get("name", "MODEL"), port_base, adapter_dir))
+    else:
+        click.echo(render_table(placement))
+        if out:
+            click.echo(f"placement written to {out}")
+    s = placement.summary()
+    if not s["all_ok"]:
+        raise InfeasibleError(f"the {algorithm} plan has {s['predicted_starving']} GPU(s) predicted to starve and "
+                              f"{s['memory_errors']} that would not start")
+
+
+@click.command(epilog=EVALUATE_EPILOG)
+@click.argument("placement_file", metavar="PLACEMENT.json", type=click.Path(dir_okay=False))
+@click.argument("workload", type=click.Path(dir_okay=False))
+@click.option("--profile", "profile_id", default=None, help="Profile id or path [the one the plan was made for].")
+@click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=3600.0, show_default=True,
+              help="Simulated seconds of arrivals per GPU.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--arrivals", type=click.Choice(["poisson", "unpredictable"]), default="poisson", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@user_errors
+def evaluate(placement_file, workload, profile_id, duration, seed, arrivals, as_json) -> None:
+    """Run every GPU of PLACEMENT.json in the digital twin with WORKLOAD's traffic.
+
+    Reports per GPU the simulated throughput against the arriving token rate, whether it starves,
+    and whether its --max-loras / --max-lora-rank start in memory. Exit code 3 when any GPU
+    starves, fails to start, or a workload adapter is not placed.
+    """
+    from planner.evaluate import evaluate_placement
+    from planner.placement import read_placement
+    from planner.workload_csv import read_workload
+    from twin import InfeasibleError, PoissonArrivals, SimConfig, UnpredictableArrivals, load_profile
+
+    placement = read_placement(placement_file)
+    profile = load_profile(profile_id or placement.inputs.get("profile_id"))
+    wl = read_workload(workload, profile)
+    cfg = SimConfig(a_max=1, duration_s=duration, seed=seed,
+                    arrivals=UnpredictableArrivals() if arrivals == "unpredictable" else PoissonArrivals())
+    ev = evaluate_placement(placement, wl, profile, cfg, progress=_progress)
+    if sys.stderr.isatty():
+        click.echo("", err=True)
+    if as_json:
+        print_json(ev.to_dict())
+    else:
+        for i in ev.instances:
+            if not i.memory_ok:
+                state = click.style("MEMORY ERROR", fg="red")
+                click.echo(f"{i.instance_id}: {i.adapters} adapters, --max-loras {i.a_max}: {state}")
+                continue
+            r = i.result
+            state = click.style("STARVES", fg="red") if i.starved else click.style("keeps up", fg="green")
+            click.echo(f"{i.instance_id}: {i.adapters} adapters, --max-loras {i.a_max}: {r.total_throughput_tok_s:,.0f} "
+                       f"of {r.arriving_tok_s:,.0f} tok/s ({state}); ITL {r.itl_ms_mean:.1f} ms, "
+                       f"TTFT p99 {r.ttft_ms_p99:,.0f} ms")
+        if ev.unplaced:
+            click.echo(f"not placed: {', '.join(ev.unplaced[:10])}" + (" ..." if len(ev.unplaced) > 10 else ""))
+    if not ev.ok:
+        raise InfeasibleError("the placement does not hold in the twin (see above)")

@@ -1,0 +1,163 @@
+"""``greedy``: our first-fit-decreasing packer (the default algorithm).
+
+Same adapter order as the study (rank groups largest first, rates zigzag), but each GPU takes the
+*largest* prefix of the remaining queue that its best A_max keeps from starving — found by
+exponential + binary search instead of the study's fixed testing points — and A_max is chosen
+among every memory-feasible candidate, not just the current and the next grid value. A GPU is
+therefore filled to its packing limit (Max_pack) rather than to the last testing point below it.
+
+Then, with the number of GPUs fixed, the plan is rebalanced: the same fill is rerun with a cap on
+each GPU's arriving load, bisected down to the smallest cap that still fits, so spare capacity is
+spread over every GPU instead of left on the last one.
+
+An adapter too hot for one GPU on its own is split into replicas with routing weights (each replica
+gets an equal share of its traffic), unless ``split_hot`` is off, in which case the plan is
+infeasible.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from planner.packing import GpuGroup, PackRequest, a_max_limit, best_a_max, not_enough_gpus, priority_order
+from twin.errors import InfeasibleError
+
+Entry = tuple[int, float]  # (adapter index, share of its traffic)
+
+#: Replicas of a hot adapter are sized to this fraction of what one GPU sustains alone.
+HOT_REPLICA_FILL = 0.9
+#: Relative precision of the balancing bisection on the per-GPU load cap.
+BALANCE_TOLERANCE = 0.02
+
+
+def plan_greedy(req: PackRequest, split_hot: bool = True, balance: bool = True) -> list[GpuGroup]:
+    queue: list[Entry] = [(i, 1.0) for i in priority_order(req.ranks, req.rates_rps)]
+    _check_servable(req, queue)
+    groups = _fill(req, queue, None, req.max_gpus, split_hot)
+    if balance and len(groups) > 1:
+        groups = _balanced(req, queue, groups)
+    return groups
+
+
+def _check_servable(req: PackRequest, queue: list[Entry]) -> None:
+    bad = [i for i, _ in queue if a_max_limit(req.profile, [req.ranks[i]]) < 1]
+    if bad:
+        ids = ", ".join(req.adapter_id(i) for i in bad[:8])
+        raise InfeasibleError(f"memory error: profile {req.profile.profile_id} starts no engine with "
+                              f"--max-lora-rank {int(req.ranks[bad[0]])} (adapters {ids})")
+
+
+def _shares(entries: list[Entry]) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for i, s in entries:
+        out[i] = out.get(i, 0.0) + s
+    return out
+
+
+def _entry_loads(req: PackRequest, entries: list[Entry]) -> np.ndarray:
+    per_adapter = req.arriving_tok_s()
+    return np.array([per_adapter[i] * s for i, s in entries])
+
+
+def _fill(req: PackRequest, queue: list[Entry], load_cap: float | None, max_gpus: int,
+          split_hot: bool) -> list[GpuGroup]:
+    """Fill GPUs one after another with the largest feasible prefix of ``queue``.
+
+    ``queue`` is modified in place when a hot adapter at its head is split into replicas.
+    """
+    groups: list[GpuGroup] = []
+    pos = 0
+    while pos < len(queue):
+        if len(groups) == max_gpus:
+            raise not_enough_gpus(req, sorted({i for i, _ in queue[pos:]}), len(groups))
+        k, a_max = _largest_prefix(req, queue, pos, load_cap)
+        if k == 0:
+            if load_cap is not None:  # the cap is below this adapter's own load: the cap is too low
+                raise not_enough_gpus(req, sorted({i for i, _ in queue[pos:]}), len(groups))
+            _split_head(req, queue, pos, split_hot)
+            continue
+        group = GpuGroup(_shares(queue[pos:pos + k]), a_max)
+        groups.append(group)
+        pos += k
+    return groups
+
+
+def _largest_prefix(req: PackRequest, queue: list[Entry], pos: int, load_cap: float | None) -> tuple[int, int]:
+    """Largest k such that queue[pos:pos+k] passes the GPU test, and the A_max it passes with."""
+    k_max = len(queue) - pos
+    if load_cap is not None:
+        cum = np.cumsum(_entry_loads(req, queue[pos:]))
+        k_max = max(1, int(np.searchsorted(cum, load_cap * (1 + 1e-9), side="right")))
+    tested: dict[int, int] = {}
+
+    def ok(k: int) -> bool:
+        verdict = best_a_max(req, _shares(queue[pos:pos + k]))
+        if verdict.ok:
+            tested[k] = verdict.a_max
+        return verdict.ok
+
+    if not ok(1):
+        return 0, 0
+    lo, hi, k = 1, None, 2
+    while k <= k_max:
+        if ok(k):
+            lo, k = k, k * 2
+        else:
+            hi = k
+            break
+    if hi is None:
+        if lo == k_max:
+            return lo, tested[lo]
+        if ok(k_max):
+            return k_max, tested[k_max]
+        hi = k_max
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo, tested[lo]
+
+
+def _split_head(req: PackRequest, queue: list[Entry], pos: int, split_hot: bool) -> None:
+    """The adapter at queue[pos] starves a GPU on its own: replace it by equal-share replicas."""
+    i, share = queue[pos]
+    lo, hi = 0.0, share  # fraction of its traffic one GPU sustains alone: ok at lo, not at hi
+    for _ in range(12):
+        mid = (lo + hi) / 2
+        if best_a_max(req, {i: mid}).ok:
+            lo = mid
+        else:
+            hi = mid
+    rate = float(req.rates_rps[i] * share)
+    if lo <= 0.0:
+        raise InfeasibleError(f"adapter {req.adapter_id(i)} cannot be served by any GPU of profile "
+                              f"{req.profile.profile_id}, even at a tiny share of its traffic")
+    if not split_hot:
+        raise InfeasibleError(
+            f"adapter {req.adapter_id(i)} is too hot for one GPU: {rate:.3g} req/s arriving, one GPU of "
+            f"profile {req.profile.profile_id} keeps up with about {rate * lo / share:.3g} req/s of it; "
+            "allow replicas (drop --no-split-hot) or lower its rate")
+    n = math.ceil(share / (lo * HOT_REPLICA_FILL))
+    queue[pos:pos + 1] = [(i, share / n)] * n
+
+
+def _balanced(req: PackRequest, queue: list[Entry], fill: list[GpuGroup]) -> list[GpuGroup]:
+    """Rerun the fill with the smallest per-GPU load cap that still fits in as many GPUs."""
+    n_gpus = len(fill)
+    per_adapter = req.arriving_tok_s()
+    loads = [sum(per_adapter[i] * s for i, s in g.shares.items()) for g in fill]
+    lo = float(sum(loads)) / n_gpus  # no cap below the mean fits
+    hi = max(loads)
+    best = fill
+    while hi - lo > BALANCE_TOLERANCE * hi:
+        cap = (lo + hi) / 2
+        try:
+            best = _fill(req, list(queue), cap, n_gpus, split_hot=False)
+            hi = cap
+        except InfeasibleError:
+            lo = cap
+    return best

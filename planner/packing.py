@@ -1,0 +1,169 @@
+"""What every placement algorithm works with: the request, one GPU's group, and how a group is tested.
+
+An algorithm turns a :class:`PackRequest` into a list of :class:`GpuGroup` (adapters with the share
+of their traffic routed there, plus the A_max the GPU runs with). Memory feasibility comes from the
+profile's KV table; throughput and starvation come from the request's predictor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from models.predictor import GpuScenario, Predictions, Predictor
+from twin.errors import InfeasibleError
+from twin.profile import Profile
+from twin.workload import Workload
+
+#: The study's testing points / A_max grid (reference-study-notes §5.2).
+PAPER_GRID = (8, 16, 32, 64, 96, 128, 160, 192, 256, 320, 384, 448, 512, 576)
+
+
+@dataclass(frozen=True)
+class PackRequest:
+    workload: Workload
+    profile: Profile
+    predictor: Predictor
+    max_gpus: int  # GPUs available; a plan needing more is infeasible
+    ranks: np.ndarray  # int64 per adapter
+    rates_rps: np.ndarray  # float64 per adapter, the rates to plan for (headroom applied)
+    input_tokens: np.ndarray  # float64 mean prompt tokens per adapter
+    output_tokens: np.ndarray
+    seed: int = 0
+
+    @classmethod
+    def build(cls, workload: Workload, profile: Profile, predictor: Predictor, max_gpus: int,
+              headroom: float = 0.0, input_tokens: float | None = None, output_tokens: float | None = None,
+              seed: int = 0) -> PackRequest:
+        d_in = input_tokens or profile.default_input_tokens
+        d_out = output_tokens or profile.default_output_tokens
+        return cls(
+            workload=workload, profile=profile, predictor=predictor, max_gpus=max_gpus,
+            ranks=workload.ranks,
+            rates_rps=np.array([a.rate_rps for a in workload.adapters]) * (1.0 + headroom),
+            input_tokens=np.array([a.input_tokens or d_in for a in workload.adapters], float),
+            output_tokens=np.array([a.output_tokens or d_out for a in workload.adapters], float),
+            seed=seed,
+        )
+
+    def adapter_id(self, i: int) -> str:
+        return self.workload.adapters[i].adapter_id
+
+    def tokens_per_request(self) -> np.ndarray:
+        return self.input_tokens + self.output_tokens
+
+    def arriving_tok_s(self) -> np.ndarray:
+        """Per-adapter arriving token rate (input + output tokens per second)."""
+        return self.rates_rps * self.tokens_per_request()
+
+
+@dataclass
+class GpuGroup:
+    """Adapters on one GPU: adapter index → share of its traffic routed here (1.0 unless split)."""
+
+    shares: dict[int, float] = field(default_factory=dict)
+    a_max: int = 0
+
+    def add(self, adapter: int, share: float = 1.0) -> None:
+        self.shares[adapter] = self.shares.get(adapter, 0.0) + share
+
+    @property
+    def members(self) -> list[int]:
+        return list(self.shares)
+
+    def __len__(self) -> int:
+        return len(self.shares)
+
+
+def group_scenario(req: PackRequest, shares: dict[int, float], a_max: int, rate_scale: float = 1.0) -> GpuScenario:
+    idx = np.fromiter(shares, np.int64, len(shares))
+    share = np.fromiter(shares.values(), np.float64, len(shares))
+    return GpuScenario(
+        ranks=req.ranks[idx], rates_rps=req.rates_rps[idx] * share * rate_scale,
+        input_tokens=req.input_tokens[idx], output_tokens=req.output_tokens[idx],
+        a_max=a_max, max_lora_rank=req.profile.kv.rank_for(int(req.ranks[idx].max())),
+    )
+
+
+def a_max_limit(profile: Profile, ranks) -> int:
+    """Largest --max-loras that starts with the max_lora_rank these ranks need (0: none starts)."""
+    rank = profile.kv.rank_for(int(max(ranks)))
+    return 0 if rank is None else profile.kv.max_a_max(rank)
+
+
+def a_max_candidates(profile: Profile, ranks, n_adapters: int) -> list[int]:
+    """A_max values worth testing for a GPU: every profiled point below n, and n itself (all resident),
+    all capped by what starts in memory."""
+    limit = a_max_limit(profile, ranks)
+    top = min(n_adapters, limit)
+    if top < 1:
+        return []
+    return sorted({p for p in profile.kv.a_max_points if p < top} | {top})
+
+
+def predict(req: PackRequest, scenarios: list[GpuScenario]) -> Predictions:
+    return req.predictor.predict(scenarios)
+
+
+@dataclass(frozen=True)
+class GroupVerdict:
+    ok: bool
+    a_max: int = 0
+    throughput_tok_s: float = 0.0
+
+
+#: Load multiplier used to rank the A_max candidates that keep up: the one with the most capacity wins.
+STRESS_FACTOR = 1.5
+
+
+def best_a_max(req: PackRequest, shares: dict[int, float]) -> GroupVerdict:
+    """Test one GPU's group over every memory-feasible A_max candidate.
+
+    Among candidates predicted not to starve, pick the one with the highest predicted throughput
+    when the group's load is scaled by :data:`STRESS_FACTOR` (its spare capacity); ties go to the
+    larger A_max. Not ok when every candidate starves or none starts in memory.
+    """
+    ranks = req.ranks[list(shares)]
+    cands = a_max_candidates(req.profile, ranks, len(shares))
+    if not cands:
+        return GroupVerdict(False)
+    nominal = predict(req, [group_scenario(req, shares, a) for a in cands])
+    keep = [a for a, s in zip(cands, nominal.starved) if not s]
+    if not keep:
+        return GroupVerdict(False)
+    if len(keep) == 1:
+        return GroupVerdict(True, keep[0], float(nominal.throughput_tok_s[cands.index(keep[0])]))
+    stressed = predict(req, [group_scenario(req, shares, a, STRESS_FACTOR) for a in keep])
+    best = max(range(len(keep)), key=lambda i: (stressed.throughput_tok_s[i], keep[i]))
+    return GroupVerdict(True, keep[best], float(nominal.throughput_tok_s[cands.index(keep[best])]))
+
+
+def priority_order(ranks: np.ndarray, rates: np.ndarray) -> list[int]:
+    """The study's PRIORITYSORTING: rank groups largest first; within a group, rates in zigzag order
+    (largest, smallest, 2nd largest, 2nd smallest, ...), ties broken by adapter index."""
+    order: list[int] = []
+    for rank in sorted(set(ranks.tolist()), reverse=True):
+        group = sorted((i for i in range(len(ranks)) if ranks[i] == rank), key=lambda i: (rates[i], i))
+        lo, hi = 0, len(group) - 1
+        while lo <= hi:
+            order.append(group[hi])
+            hi -= 1
+            if lo <= hi:
+                order.append(group[lo])
+                lo += 1
+    return order
+
+
+def not_enough_gpus(req: PackRequest, left: list[int], used: int) -> InfeasibleError:
+    ids = [req.adapter_id(i) for i in left]
+    shown = ", ".join(ids[:8]) + (f" and {len(ids) - 8} more" if len(ids) > 8 else "")
+    load = float(req.arriving_tok_s()[left].sum())
+    return InfeasibleError(
+        f"not enough GPUs: {used} GPUs are full and {len(ids)} adapters are left ({shown}; "
+        f"{load:,.0f} tok/s arriving); allow more with --gpus"
+    )
+
+
+Algorithm = Callable[[PackRequest], list[GpuGroup]]

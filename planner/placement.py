@@ -1,0 +1,236 @@
+"""The placement JSON (schema version 1): what `planner plan` writes and routers, `evaluate`,
+`replan` and `verify` read. See the README's "Placement JSON" section for an example.
+
+Top level: ``schema_version``, ``inputs`` (workload hash, profile, predictor, algorithm, planner
+version), ``summary``, ``instances`` (one per GPU: engine args in vLLM's names, adapters with their
+traffic shares, predictions), ``adapters`` (one per workload adapter with its routes), ``router``
+(adapter id → [{instance_id, weight}]) and, after a re-plan, ``changes``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from planner.packing import GpuGroup, PackRequest, group_scenario
+from twin.errors import BadInputError
+from twin.profile import Profile
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class InstancePlan:
+    instance_id: str
+    a_max: int
+    max_lora_rank: int
+    max_cpu_loras: int
+    kv_tokens: int | None  # None: the engine would not start (memory error)
+    adapters: dict[str, float]  # adapter id → share of its traffic routed here
+    predicted_throughput_tok_s: float | None
+    arriving_tok_s: float
+    predicted_starved: bool | None
+
+    @property
+    def memory_ok(self) -> bool:
+        return self.kv_tokens is not None
+
+    @property
+    def ok(self) -> bool:
+        return self.memory_ok and self.predicted_starved is False
+
+
+@dataclass
+class Placement:
+    inputs: dict[str, Any]
+    instances: list[InstancePlan]
+    adapters: list[dict[str, Any]]  # adapter_id, rank, rate_rps, input_tokens, output_tokens, path
+    engine: dict[str, Any]  # the profile's engine settings every instance shares
+    changes: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def instance(self, instance_id: str) -> InstancePlan:
+        for inst in self.instances:
+            if inst.instance_id == instance_id:
+                return inst
+        raise KeyError(instance_id)
+
+    def routes(self) -> dict[str, list[dict[str, Any]]]:
+        out: dict[str, list[dict[str, Any]]] = {a["adapter_id"]: [] for a in self.adapters}
+        for inst in self.instances:
+            for aid, share in inst.adapters.items():
+                out[aid].append({"instance_id": inst.instance_id, "weight": round(share, 6)})
+        return out
+
+    def engine_args(self, inst: InstancePlan) -> dict[str, Any]:
+        """The instance's vLLM engine arguments, in vLLM's own names."""
+        return {
+            "enable_lora": True, "max_loras": inst.a_max, "max_lora_rank": inst.max_lora_rank,
+            "max_cpu_loras": inst.max_cpu_loras, **self.engine,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        routes = self.routes()
+        instances = []
+        for inst in self.instances:
+            d = asdict(inst)
+            d["adapters"] = [{"adapter_id": a, "share": round(s, 6)} for a, s in inst.adapters.items()]
+            d["memory_ok"] = inst.memory_ok
+            d["engine_args"] = self.engine_args(inst)
+            instances.append(d)
+        adapters = []
+        for a in self.adapters:
+            r = routes[a["adapter_id"]]
+            primary = max(r, key=lambda x: x["weight"])["instance_id"] if r else None
+            adapters.append({**a, "instance_id": primary, "routes": r})
+        out = {
+            "schema_version": SCHEMA_VERSION, "inputs": self.inputs, "summary": self.summary(),
+            "engine": self.engine, "instances": instances, "adapters": adapters, "router": routes,
+        }
+        if self.changes is not None:
+            out["changes"] = self.changes
+        return _json_safe(out)
+
+    def summary(self) -> dict[str, Any]:
+        pred = [i.predicted_throughput_tok_s for i in self.instances]
+        return {
+            "gpus": len(self.instances),
+            "adapters": len(self.adapters),
+            "arriving_tok_s": round(sum(i.arriving_tok_s for i in self.instances), 3),
+            "predicted_throughput_tok_s": round(sum(p for p in pred if p is not None), 3),
+            "memory_errors": sum(not i.memory_ok for i in self.instances),
+            "predicted_starving": sum(bool(i.predicted_starved) for i in self.instances),
+            "all_ok": all(i.ok for i in self.instances),
+        }
+
+
+def _json_safe(obj):
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_json_safe(v) for v in obj]
+    if isinstance(obj, np.generic):
+        return obj.item()
+    return obj
+
+
+def engine_settings(profile: Profile) -> dict[str, Any]:
+    e = profile.engine
+    return {
+        "max_num_batched_tokens": e.max_num_batched_tokens, "max_num_seqs": e.max_num_seqs,
+        "max_model_len": e.max_model_len, "block_size": e.block_size,
+        "enable_chunked_prefill": e.chunked_prefill, "enable_prefix_caching": e.prefix_caching,
+        "gpu_memory_utilization": e.gpu_memory_utilization,
+    }
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def planner_version() -> str:
+    try:
+        return metadata.version("lora-planner")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def build_instances(req: PackRequest, groups: list[GpuGroup], first_index: int = 0) -> list[InstancePlan]:
+    """Per-GPU settings and predictions for ``groups`` (memory errors predicted as such, not run)."""
+    kv = req.profile.kv
+    insts: list[InstancePlan] = []
+    feasible: list[int] = []
+    for k, g in enumerate(groups):
+        rank = kv.rank_for(int(req.ranks[g.members].max()))
+        tokens = kv.tokens_for(g.a_max, rank)
+        if tokens is not None:
+            feasible.append(k)
+        scen = group_scenario(req, g.shares, g.a_max)
+        insts.append(InstancePlan(
+            instance_id=f"gpu-{first_index + k}", a_max=g.a_max, max_lora_rank=rank,
+            max_cpu_loras=max(len(g), g.a_max), kv_tokens=tokens,
+            adapters={req.adapter_id(i): s for i, s in g.shares.items()},
+            predicted_throughput_tok_s=None, arriving_tok_s=scen.arriving_tok_s, predicted_starved=None,
+        ))
+    if feasible:
+        pred = req.predictor.predict([group_scenario(req, groups[k].shares, groups[k].a_max) for k in feasible])
+        for j, k in enumerate(feasible):
+            insts[k].predicted_throughput_tok_s = float(pred.throughput_tok_s[j])
+            insts[k].predicted_starved = bool(pred.starved[j])
+    return insts
+
+
+def adapter_rows(req: PackRequest) -> list[dict[str, Any]]:
+    return [
+        {"adapter_id": a.adapter_id, "rank": a.rank, "rate_rps": a.rate_rps,
+         "input_tokens": float(req.input_tokens[i]), "output_tokens": float(req.output_tokens[i]),
+         "path": a.path}
+        for i, a in enumerate(req.workload.adapters)
+    ]
+
+
+def plan_inputs(workload_path, req: PackRequest, algorithm: str, headroom: float) -> dict[str, Any]:
+    pred = req.predictor
+    return {
+        "workload": {"path": str(workload_path), "sha256": file_sha256(workload_path),
+                     "adapters": len(req.workload)},
+        "profile_id": req.profile.profile_id,
+        "predictor": {"kind": pred.kind, "id": getattr(pred, "artifact_id", None)},
+        "algorithm": algorithm, "headroom": headroom, "seed": req.seed,
+        "planner_version": planner_version(),
+        "created_utc": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading a placement back
+
+
+def _fail(path, msg: str) -> BadInputError:
+    return BadInputError(f"{path}: {msg}")
+
+
+def read_placement(path: str | os.PathLike) -> Placement:
+    """Load and check a placement JSON written by `planner plan` / `planner replan`."""
+    try:
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise _fail(path, f"cannot read the placement ({exc.strerror})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _fail(path, f"is not a placement JSON ({exc})") from None
+    if not isinstance(raw, dict) or raw.get("schema_version") != SCHEMA_VERSION:
+        got = raw.get("schema_version") if isinstance(raw, dict) else None
+        raise _fail(path, f"schema_version is {got!r}; this lora-planner reads placement schema {SCHEMA_VERSION}")
+    try:
+        instances = [
+            InstancePlan(
+                instance_id=str(d["instance_id"]), a_max=int(d["a_max"]), max_lora_rank=int(d["max_lora_rank"]),
+                max_cpu_loras=int(d["max_cpu_loras"]), kv_tokens=d["kv_tokens"],
+                adapters={str(a["adapter_id"]): float(a["share"]) for a in d["adapters"]},
+                predicted_throughput_tok_s=d["predicted_throughput_tok_s"], arriving_tok_s=float(d["arriving_tok_s"]),
+                predicted_starved=d["predicted_starved"],
+            )
+            for d in raw["instances"]
+        ]
+        adapters = [{k: a[k] for k in ("adapter_id", "rank", "rate_rps", "input_tokens", "output_tokens", "path")}
+                    for a in raw["adapters"]]
+        placement = Placement(raw["inputs"], instances, adapters, dict(raw["engine"]), raw.get("changes"))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise _fail(path, f"is not a valid placement (missing or bad field {exc})") from None
+    known = {a["adapter_id"] for a in adapters}
+    for inst in instances:
+        unknown = set(inst.adapters) - known
+        if unknown:
+            raise _fail(path, f"instance {inst.instance_id} lists unknown adapter {min(unknown)}")
+    return placement
