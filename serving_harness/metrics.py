@@ -1,0 +1,193 @@
+"""Scrape a vLLM server's Prometheus ``/metrics`` every ~1–2 s and keep the time series.
+
+:func:`parse_prometheus` reads the Prometheus text exposition format (names, labels with escapes,
+values including NaN/±Inf, optional timestamps). :class:`Scraper` polls a server in the
+background (asyncio) and keeps one row per scrape of the series in :data:`SERIES`; the labels of
+``vllm:cache_config_info`` (block size, ``num_gpu_blocks``, ``kv_cache_size_tokens`` — T_max
+straight from the engine) are kept once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Self
+
+import numpy as np
+
+from twin.atomic import write_bytes_atomic
+
+#: column name → (metric name, label filter) summed over matching samples. Counters carry _total.
+SERIES = {
+    "running": ("vllm:num_requests_running", {}),
+    "waiting": ("vllm:num_requests_waiting", {}),
+    "waiting_capacity": ("vllm:num_requests_waiting_by_reason", {"reason": "capacity"}),
+    "waiting_deferred": ("vllm:num_requests_waiting_by_reason", {"reason": "deferred"}),
+    "kv_cache_usage": ("vllm:kv_cache_usage_perc", {}),
+    "preemptions": ("vllm:num_preemptions_total", {}),
+    "prompt_tokens": ("vllm:prompt_tokens_total", {}),
+    "generation_tokens": ("vllm:generation_tokens_total", {}),
+    "requests_succeeded": ("vllm:request_success_total", {}),
+}
+
+
+@dataclass(frozen=True)
+class Sample:
+    name: str
+    labels: dict[str, str]
+    value: float
+
+
+_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
+
+
+def _parse_labels(text: str, pos: int, line_no: int) -> tuple[dict[str, str], int]:
+    """Labels from ``text[pos] == '{'`` to the matching '}'; returns (labels, index after '}')."""
+    labels: dict[str, str] = {}
+    pos += 1
+    while True:
+        while pos < len(text) and text[pos] in " ,":
+            pos += 1
+        if pos < len(text) and text[pos] == "}":
+            return labels, pos + 1
+        m = _NAME.match(text, pos)
+        if not m or text[m.end():m.end() + 2] != '="':
+            raise ValueError(f"line {line_no}: bad label at column {pos + 1}")
+        key, pos = m.group(), m.end() + 2
+        chars = []
+        while True:
+            if pos >= len(text):
+                raise ValueError(f"line {line_no}: unterminated label value")
+            ch = text[pos]
+            if ch == "\\" and pos + 1 < len(text):
+                chars.append(_ESCAPES.get(text[pos + 1], "\\" + text[pos + 1]))
+                pos += 2
+            elif ch == '"':
+                pos += 1
+                break
+            else:
+                chars.append(ch)
+                pos += 1
+        labels[key] = "".join(chars)
+
+
+def _parse_value(token: str, line_no: int) -> float:
+    special = {"NaN": math.nan, "+Inf": math.inf, "Inf": math.inf, "-Inf": -math.inf}
+    if token in special:
+        return special[token]
+    try:
+        return float(token)
+    except ValueError:
+        raise ValueError(f"line {line_no}: bad sample value {token!r}") from None
+
+
+def parse_prometheus(text: str) -> list[Sample]:
+    """All samples of a Prometheus text-format page (comments and HELP/TYPE lines skipped)."""
+    samples = []
+    for line_no, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = _NAME.match(line)
+        if not m:
+            raise ValueError(f"line {line_no}: no metric name")
+        labels, pos = ({}, m.end())
+        if line[pos:pos + 1] == "{":
+            labels, pos = _parse_labels(line, pos, line_no)
+        parts = line[pos:].split()
+        if not parts or len(parts) > 2:
+            raise ValueError(f"line {line_no}: expected a value (and optional timestamp)")
+        samples.append(Sample(m.group(), labels, _parse_value(parts[0], line_no)))
+    return samples
+
+
+def series_values(samples: list[Sample]) -> dict[str, float]:
+    """One value per :data:`SERIES` column (sum over matching samples; NaN when absent)."""
+    out = {}
+    for column, (name, want) in SERIES.items():
+        vals = [s.value for s in samples if s.name == name and all(s.labels.get(k) == v for k, v in want.items())]
+        out[column] = float(sum(vals)) if vals else math.nan
+    return out
+
+
+def cache_config(samples: list[Sample]) -> dict[str, str]:
+    """The labels of ``vllm:cache_config_info`` ({} if the server does not export it)."""
+    for s in samples:
+        if s.name == "vllm:cache_config_info":
+            return dict(s.labels)
+    return {}
+
+
+@dataclass
+class MetricsSeries:
+    """Scrapes over time: ``t_s`` (seconds from the run's start) and one array per SERIES column."""
+
+    t_s: list[float] = field(default_factory=list)
+    values: dict[str, list[float]] = field(default_factory=lambda: {c: [] for c in SERIES})
+    cache_config: dict[str, str] = field(default_factory=dict)
+    errors: int = 0
+
+    def add(self, t_s: float, samples: list[Sample]) -> None:
+        self.t_s.append(t_s)
+        for column, value in series_values(samples).items():
+            self.values[column].append(value)
+        if not self.cache_config:
+            self.cache_config = cache_config(samples)
+
+    def column(self, name: str) -> np.ndarray:
+        return np.array(self.t_s if name == "t_s" else self.values[name], np.float64)
+
+    def to_parquet(self, path: str | os.PathLike) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        table = pa.table({"t_s": self.column("t_s"), **{c: self.column(c) for c in SERIES}})
+        table = table.replace_schema_metadata({f"cache_config.{k}": v for k, v in self.cache_config.items()})
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink)
+        write_bytes_atomic(path, sink.getvalue().to_pybytes())
+
+
+async def fetch_samples(session, base_url: str) -> list[Sample]:
+    async with session.get(f"{base_url.rstrip('/')}/metrics") as resp:
+        resp.raise_for_status()
+        return parse_prometheus(await resp.text())
+
+
+class Scraper:
+    """Poll ``base_url``/metrics every ``interval_s`` while the ``async with`` block runs.
+
+    Times are seconds from ``origin`` (an event-loop time; default: when scraping starts).
+    """
+
+    def __init__(self, base_url: str, interval_s: float = 1.0, origin: float | None = None):
+        self.base_url, self.interval_s, self.origin = base_url, interval_s, origin
+        self.series = MetricsSeries()
+        self._task: asyncio.Task | None = None
+
+    async def _loop(self) -> None:
+        import aiohttp
+
+        loop = asyncio.get_running_loop()
+        t0 = loop.time() if self.origin is None else self.origin
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+            while True:
+                started = loop.time()
+                try:
+                    self.series.add(started - t0, await fetch_samples(session, self.base_url))
+                except (TimeoutError, aiohttp.ClientError, ValueError):
+                    self.series.errors += 1
+                await asyncio.sleep(max(0.0, self.interval_s - (loop.time() - started)))
+
+    async def __aenter__(self) -> Self:
+        self._task = asyncio.create_task(self._loop())
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)

@@ -1,0 +1,190 @@
+"""Serving harness pieces that need no vLLM: synthesis, Prometheus parsing, launcher, load generator."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import shutil
+
+import numpy as np
+import pytest
+
+from serving_harness import engine, metrics, synth
+from twin import Adapter, Workload, draw_requests
+from twin.errors import BadInputError
+
+
+def test_prometheus_parser_reads_labels_escapes_and_special_values():
+    text = (
+        "# HELP vllm:x help text\n# TYPE vllm:x gauge\n"
+        'vllm:num_requests_running{engine="0",model_name="m"} 3.0\n'
+        'vllm:num_requests_waiting_by_reason{reason="deferred",model_name="a \\"q\\" b\\\\c\\nd"} 2\n'
+        'vllm:num_requests_waiting_by_reason{reason="capacity"} 5 1700000000000\n'
+        "plain_metric NaN\n"
+        'vllm:kv_cache_usage_perc{engine="0",} +Inf\n'
+        "\n"
+    )
+    s = metrics.parse_prometheus(text)
+    assert [x.name for x in s] == ["vllm:num_requests_running", "vllm:num_requests_waiting_by_reason",
+                                   "vllm:num_requests_waiting_by_reason", "plain_metric", "vllm:kv_cache_usage_perc"]
+    assert s[1].labels["model_name"] == 'a "q" b\\c\nd'
+    assert s[2].value == 5 and math.isnan(s[3].value) and s[4].value == math.inf
+    values = metrics.series_values(s)
+    assert values["running"] == 3 and values["waiting_deferred"] == 2 and values["waiting_capacity"] == 5
+    assert math.isnan(values["preemptions"])
+
+
+@pytest.mark.parametrize("bad", ['m{a="x} 1', "m", 'm{a=x} 1', "m 1 2 3", "m abc", "{a=\"b\"} 1"])
+def test_prometheus_parser_rejects_malformed_lines(bad):
+    with pytest.raises(ValueError, match="line 1"):
+        metrics.parse_prometheus(bad)
+
+
+def test_metrics_series_keeps_cache_config_and_writes_parquet(tmp_path):
+    pq = pytest.importorskip("pyarrow.parquet")
+    page = metrics.parse_prometheus('vllm:cache_config_info{block_size="128",num_gpu_blocks="64"} 1\n'
+                                    'vllm:num_preemptions_total{engine="0"} 4\n')
+    series = metrics.MetricsSeries()
+    series.add(0.5, page)
+    series.add(1.5, page)
+    assert series.cache_config["num_gpu_blocks"] == "64"
+    series.to_parquet(tmp_path / "m.parquet")
+    table = pq.read_table(tmp_path / "m.parquet")
+    assert table.column("preemptions").to_pylist() == [4.0, 4.0]
+    assert table.schema.metadata[b"cache_config.block_size"] == b"128"
+
+
+def test_synthetic_model_tokenizer_and_adapter(tmp_path):
+    pytest.importorskip("safetensors")
+    from safetensors.numpy import load_file
+    from tokenizers import Tokenizer
+
+    shape = synth.ModelShape(vocab_size=300, hidden_size=64, intermediate_size=96, num_attention_heads=2,
+                             num_key_value_heads=1, head_dim=32)
+    model = synth.write_model(tmp_path / "m", shape, seed=3)
+    weights = load_file(model / "model.safetensors")
+    assert weights["model.layers.1.self_attn.k_proj.weight"].shape == (32, 64)
+    assert weights["model.layers.0.mlp.down_proj.weight"].shape == (64, 96)
+    assert weights["lm_head.weight"].shape == (300, 64)
+    assert synth.model_shape(model) == shape
+    tok = Tokenizer.from_file(str(model / "tokenizer.json"))
+    assert tok.encode("w5 w299 w300").ids == [5, 299, 0]
+    assert tok.get_vocab_size() == 300
+    assert json.loads((model / "tokenizer_config.json").read_text())["eos_token"] == "</s>"
+
+    paths = synth.write_adapters(tmp_path / "ad", shape, {"x": 4, "y": 16})
+    lora = load_file(paths["y"] / "adapter_model.safetensors")
+    assert lora["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"].shape == (16, 64)
+    assert lora["base_model.model.model.layers.1.mlp.up_proj.lora_B.weight"].shape == (96, 16)
+    assert len(lora) == 2 * 7 * shape.num_hidden_layers
+    assert synth.read_adapter_rank(paths["x"]) == 4
+    config_only = synth.write_model(tmp_path / "d", synth.SHAPES["tiny"], weights=False)
+    assert not (config_only / "model.safetensors").exists() and (config_only / "config.json").exists()
+
+
+def test_synthesis_rejects_bad_shapes_and_adapters(tmp_path):
+    with pytest.raises(BadInputError, match="head_dim"):
+        synth.ModelShape(head_dim=16)
+    with pytest.raises(BadInputError, match="multiple"):
+        synth.ModelShape(num_attention_heads=3, num_key_value_heads=2)
+    with pytest.raises(BadInputError, match="rank"):
+        synth.write_adapter(tmp_path, synth.ModelShape(), 0)
+    with pytest.raises(BadInputError, match="adapter_config"):
+        synth.read_adapter_rank(tmp_path)
+    with pytest.raises(BadInputError, match="shape name"):
+        synth.model_shape(tmp_path / "nope")
+
+
+def test_engine_argv_is_a_list_with_lora_and_kv_settings():
+    cfg = engine.EngineConfig(model="/m", adapters=(("a b;rm -rf", "/p q"), ("c", "/r")), max_loras=2,
+                              max_lora_rank=32, kv_cache_bytes=1 << 20, device="cuda", gpu=3)
+    argv = cfg.argv(1234, python="py")
+    assert argv[:3] == ["py", "-m", "vllm.entrypoints.openai.api_server"]
+    i = argv.index("--lora-modules")
+    assert argv[i + 1:i + 3] == ["a b;rm -rf=/p q", "c=/r"]
+    assert argv[argv.index("--max-cpu-loras") + 1] == "2"
+    assert argv[argv.index("--kv-cache-memory-bytes") + 1] == str(1 << 20)
+    assert argv[argv.index("--host") + 1] == "127.0.0.1"
+    assert cfg.environment()["CUDA_VISIBLE_DEVICES"] == "3" and cfg.environment()["HF_HUB_OFFLINE"] == "1"
+    with pytest.raises(BadInputError, match="device"):
+        engine.EngineConfig(model="/m", device="tpu")
+    with pytest.raises(BadInputError, match="unique"):
+        engine.EngineConfig(model="/m", adapters=(("a", "/x"), ("a", "/y")))
+
+
+def test_startup_failures_are_classified_from_the_log():
+    memory = ("(EngineCore pid=5) ERROR 11-22 02:57:48 [core.py:1] ValueError: To serve at least one request "
+              "with the model's max seq len (2048), (0.0 GiB KV cache is needed, which is larger than the "
+              "available KV cache memory (0.0 GiB).")
+    assert engine.classify_failure("INFO start\n" + memory) == (
+        "memory_error", memory[memory.index("ValueError"):][:300])
+    status, msg = engine.classify_failure("x\nValueError: LoRA rank 64 is greater than max_lora_rank 16.\n")
+    assert status == "bad_config" and "max_lora_rank 16" in msg
+    assert engine.classify_failure("boom\nRuntimeError: weird\nshutting down\n") == ("crashed", "RuntimeError: weird")
+    assert engine.kv_tokens_from_log("[x] CPU KV cache size: 131,072 tokens, Maximum") == 131072
+
+
+def test_engine_that_exits_at_once_is_a_crashed_result_and_leaves_no_process(tmp_path):
+    false = shutil.which("false")
+    if false is None:
+        pytest.skip("no `false` program")
+    # `false -m vllm...` exits at once with no output: a process that dies during start-up.
+    with engine.Engine(engine.EngineConfig(model=str(tmp_path)), tmp_path / "log.txt", python=false) as e:
+        result = e.start()
+        assert not e.running
+    assert result.status == "crashed" and result.message == "no output" and not result.ok
+
+
+def _stub_run(requests, names, window_s, **kwargs):
+    pytest.importorskip("aiohttp")
+    from aiohttp import web
+
+    from serving_harness import loadgen, stub_server
+
+    async def go():
+        runner = web.AppRunner(stub_server.make_app(token_delay_ms=2.0))
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", engine.free_port())
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        try:
+            return await loadgen.measure_async(f"http://127.0.0.1:{port}", requests, names, window_s,
+                                               vocab_size=100, scrape_interval_s=0.2, **kwargs)
+        finally:
+            await runner.cleanup()
+
+    return asyncio.run(go())
+
+
+def test_load_generator_records_every_request_against_a_stub(tmp_path):
+    from serving_harness import loadgen
+
+    wl = Workload((Adapter("a", 8, 40.0, 5, 4), Adapter("b", 8, 20.0, 7, 30)))
+    req = draw_requests(wl, 1.5, seed=2)
+    records, series = _stub_run(req, ["a", "b"], 1.0, max_in_flight=0)
+    assert len(records) == len(req)
+    inside = req.arrival_s < 1.0
+    assert set(records.error[~inside]) <= {"outside_window"}
+    ok = records.error == ""
+    assert ok.sum() > 0.8 * inside.sum()
+    # Requests of adapter b need 30 tokens x 2 ms: those arriving in the last 50 ms cannot finish.
+    late_b = inside & (records.adapter == "b") & (req.arrival_s > 0.95)
+    assert all(records.error[late_b] == "unfinished_at_window_end")
+    assert np.all(records.output_tokens_received[ok] == records.output_tokens[ok])
+    assert np.all(records.first_token_s[ok] >= records.arrival_s[ok])
+    assert np.all(records.finish_s[ok] > records.first_token_s[ok])
+    assert len(series.t_s) >= 3 and series.cache_config["num_gpu_blocks"] == "100"
+    records.to_parquet(tmp_path / "r.parquet")
+    back = loadgen.RunRecords.from_parquet(tmp_path / "r.parquet")
+    assert back.error.tolist() == records.error.tolist() and np.array_equal(back.arrival_s, records.arrival_s)
+    s = loadgen.summarise(records, 1.0)
+    assert s.arrived_requests == inside.sum() and s.finished_requests == ok.sum()
+    assert 1.5 < s.itl_ms_mean < 20 and not s.starved
+
+
+def test_load_generator_client_cap_refuses_arrivals_beyond_it():
+    wl = Workload((Adapter("a", 8, 200.0, 5, 50),))
+    req = draw_requests(wl, 0.5, seed=0)
+    records, _ = _stub_run(req, ["a"], 0.5, max_in_flight=3)
+    assert (records.error == "client_cap").sum() > 0.5 * len(req)
