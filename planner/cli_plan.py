@@ -163,3 +163,61 @@ def evaluate(placement_file, workload, profile_id, duration, seed, arrivals, as_
             click.echo(f"not placed: {', '.join(ev.unplaced[:10])}" + (" ..." if len(ev.unplaced) > 10 else ""))
     if not ev.ok:
         raise InfeasibleError("the placement does not hold in the twin (see above)")
+
+
+REPLAN_EPILOG = """\b
+Example (nightly, from cron; keeps plan.json untouched when anything fails):
+  15 2 * * *  cd /srv/fleet && planner replan next-day.csv --previous plan.json --out plan.json \\
+              >> replan.log 2>&1
+"""
+
+
+@click.command(epilog=REPLAN_EPILOG)
+@click.argument("workload", type=click.Path(dir_okay=False))
+@click.option("--previous", "previous_file", required=True, type=click.Path(dir_okay=False),
+              help="The placement currently deployed.")
+@click.option("--out", required=True, type=click.Path(dir_okay=False),
+              help="Where to write the new placement (may be the --previous file; replaced atomically).")
+@click.option("--profile", "profile_id", default=None, help="Profile id or path [the previous plan's].")
+@click.option("--gpus", type=click.IntRange(min=1), default=None, help="GPUs available in total.")
+@click.option("--predictor", "predictor_kind", default="auto", show_default=True,
+              help="auto, surrogate, small-tree or twin (see `planner plan --help`).")
+@click.option("--headroom", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Plan for rates this fraction above the workload's.")
+@click.option("--split-hot/--no-split-hot", default=True, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the new placement JSON.")
+@user_errors
+def replan(workload, previous_file, out, profile_id, gpus, predictor_kind, headroom, split_hot, as_json) -> None:
+    """Re-plan for WORKLOAD starting from the deployed placement, moving as little as possible.
+
+    Adapters stay where they are while their GPU keeps up; engines restart only when --max-loras,
+    --max-lora-rank or --max-cpu-loras must change. The new placement's 'changes' section lists,
+    per GPU, the adapters to load and unload and whether to restart. Refuses to run while another
+    re-plan writes the same --out; on any failure the files are left as they were.
+    """
+    from planner.placement import read_placement
+    from planner.plan import PlanOptions, pack_request
+    from planner.replan import exclusive
+    from planner.replan import replan as run_replan
+    from planner.workload_csv import read_workload
+    from twin import load_profile
+    from twin.atomic import write_json_atomic
+
+    with exclusive(out):
+        previous = read_placement(previous_file)
+        profile = load_profile(profile_id or previous.inputs.get("profile_id"))
+        wl = read_workload(workload, profile)
+        req = pack_request(wl, profile, load_predictor_for(profile, predictor_kind),
+                           PlanOptions(gpus=gpus, headroom=headroom))
+        placement = run_replan(previous, workload, req, split_hot=split_hot)
+        write_json_atomic(out, placement.to_dict())
+    if as_json:
+        print_json(placement.to_dict())
+        return
+    ch = placement.changes
+    s = placement.summary()
+    click.echo(f"{s['adapters']} adapters on {s['gpus']} GPU(s) (was {len(previous.instances)}): "
+               f"{len(ch['moved_adapters'])} moved, {len(ch['added_adapters'])} added, "
+               f"{len(ch['dropped_adapters'])} dropped; restart {', '.join(ch['restarts']) or 'none'}; "
+               f"new {', '.join(ch['new_instances']) or 'none'}; stop {', '.join(ch['removed_instances']) or 'none'}")
+    click.echo(f"written to {out}")

@@ -32,10 +32,18 @@ HOT_REPLICA_FILL = 0.9
 BALANCE_TOLERANCE = 0.02
 
 
-def plan_greedy(req: PackRequest, split_hot: bool = True, balance: bool = True) -> list[GpuGroup]:
-    queue: list[Entry] = [(i, 1.0) for i in priority_order(req.ranks, req.rates_rps)]
+def plan_greedy(req: PackRequest, split_hot: bool = True, balance: bool = True,
+                entries: list[Entry] | None = None, max_gpus: int | None = None) -> list[GpuGroup]:
+    """Pack every adapter of ``req`` (or just ``entries``: adapter index, traffic share) on at most
+    ``max_gpus`` (default ``req.max_gpus``) GPUs."""
+    if entries is None:
+        entries = [(i, 1.0) for i in range(len(req.ranks))]
+    share = dict(entries)
+    order = priority_order(req.ranks, req.rates_rps)
+    queue: list[Entry] = [(i, share[i]) for i in order if i in share]
     _check_servable(req, queue)
-    groups = _fill(req, queue, None, req.max_gpus, split_hot)
+    limit = req.max_gpus if max_gpus is None else max_gpus
+    groups = _fill(req, queue, None, limit, split_hot)
     if balance and len(groups) > 1:
         groups = _balanced(req, queue, groups)
     return groups

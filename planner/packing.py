@@ -65,6 +65,7 @@ class GpuGroup:
 
     shares: dict[int, float] = field(default_factory=dict)
     a_max: int = 0
+    max_lora_rank: int | None = None  # None: the smallest profiled rank holding its adapters
 
     def add(self, adapter: int, share: float = 1.0) -> None:
         self.shares[adapter] = self.shares.get(adapter, 0.0) + share
@@ -77,13 +78,15 @@ class GpuGroup:
         return len(self.shares)
 
 
-def group_scenario(req: PackRequest, shares: dict[int, float], a_max: int, rate_scale: float = 1.0) -> GpuScenario:
+def group_scenario(req: PackRequest, shares: dict[int, float], a_max: int, rate_scale: float = 1.0,
+                   max_lora_rank: int | None = None) -> GpuScenario:
+    """The scenario of one GPU; max_lora_rank defaults to the smallest profiled rank holding its adapters."""
     idx = np.fromiter(shares, np.int64, len(shares))
     share = np.fromiter(shares.values(), np.float64, len(shares))
     return GpuScenario(
         ranks=req.ranks[idx], rates_rps=req.rates_rps[idx] * share * rate_scale,
         input_tokens=req.input_tokens[idx], output_tokens=req.output_tokens[idx],
-        a_max=a_max, max_lora_rank=req.profile.kv.rank_for(int(req.ranks[idx].max())),
+        a_max=a_max, max_lora_rank=max_lora_rank or req.profile.kv.rank_for(int(req.ranks[idx].max())),
     )
 
 
@@ -138,6 +141,13 @@ def best_a_max(req: PackRequest, shares: dict[int, float]) -> GroupVerdict:
     stressed = predict(req, [group_scenario(req, shares, a, STRESS_FACTOR) for a in keep])
     best = max(range(len(keep)), key=lambda i: (stressed.throughput_tok_s[i], keep[i]))
     return GroupVerdict(True, keep[best], float(nominal.throughput_tok_s[cands.index(keep[best])]))
+
+
+def keeps_up(req: PackRequest, shares: dict[int, float], a_max: int, max_lora_rank: int) -> bool:
+    """Does this group keep up with exactly this A_max and max_lora_rank (both start-up settings)?"""
+    if int(req.ranks[list(shares)].max()) > max_lora_rank or req.profile.kv.tokens_for(a_max, max_lora_rank) is None:
+        return False
+    return not bool(predict(req, [group_scenario(req, shares, a_max, max_lora_rank=max_lora_rank)]).starved[0])
 
 
 def priority_order(ranks: np.ndarray, rates: np.ndarray) -> list[int]:

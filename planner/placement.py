@@ -146,25 +146,32 @@ def planner_version() -> str:
         return "unknown"
 
 
+def cpu_slots(n_adapters: int, a_max: int) -> int:
+    """--max-cpu-loras: every adapter on the GPU plus 25 % room, so a re-plan can add adapters
+    without a restart (it is a start-up setting; host memory is cheap)."""
+    return max(a_max, n_adapters + -(-n_adapters // 4))
+
+
 def build_instances(req: PackRequest, groups: list[GpuGroup], first_index: int = 0) -> list[InstancePlan]:
     """Per-GPU settings and predictions for ``groups`` (memory errors predicted as such, not run)."""
     kv = req.profile.kv
     insts: list[InstancePlan] = []
     feasible: list[int] = []
     for k, g in enumerate(groups):
-        rank = kv.rank_for(int(req.ranks[g.members].max()))
+        rank = g.max_lora_rank or kv.rank_for(int(req.ranks[g.members].max()))
         tokens = kv.tokens_for(g.a_max, rank)
         if tokens is not None:
             feasible.append(k)
-        scen = group_scenario(req, g.shares, g.a_max)
+        scen = group_scenario(req, g.shares, g.a_max, max_lora_rank=rank)
         insts.append(InstancePlan(
             instance_id=f"gpu-{first_index + k}", a_max=g.a_max, max_lora_rank=rank,
-            max_cpu_loras=max(len(g), g.a_max), kv_tokens=tokens,
+            max_cpu_loras=cpu_slots(len(g), g.a_max), kv_tokens=tokens,
             adapters={req.adapter_id(i): s for i, s in g.shares.items()},
             predicted_throughput_tok_s=None, arriving_tok_s=scen.arriving_tok_s, predicted_starved=None,
         ))
     if feasible:
-        pred = req.predictor.predict([group_scenario(req, groups[k].shares, groups[k].a_max) for k in feasible])
+        pred = req.predictor.predict([group_scenario(req, groups[k].shares, groups[k].a_max,
+                                                     max_lora_rank=insts[k].max_lora_rank) for k in feasible])
         for j, k in enumerate(feasible):
             insts[k].predicted_throughput_tok_s = float(pred.throughput_tok_s[j])
             insts[k].predicted_starved = bool(pred.starved[j])

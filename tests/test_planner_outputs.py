@@ -1,0 +1,161 @@
+"""Placement JSON, renderers, re-planning and the plan/evaluate/replan commands."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+
+import pytest
+from click.testing import CliRunner
+
+from planner.cli import main
+from planner.packing import PackRequest
+from planner.placement import read_placement
+from planner.plan import PlanOptions, make_plan
+from planner.render import render_table, render_vllm
+from planner.replan import AlreadyRunningError, exclusive, replan
+from tests.planner_helpers import CapacityPredictor, workload
+from twin import BadInputError, load_profile
+
+SMALL = "datasets/workloads/small-8-adapters.csv"
+
+
+@pytest.fixture(scope="module")
+def profile():
+    return load_profile("h100-64gb-llama-3.1-8b")
+
+
+def write_csv(path, rows):
+    path.write_text("adapter_id,rank,rate_rps,input_tokens,output_tokens\n"
+                    + "".join(f"{a},{r},{x},60,40\n" for a, r, x in rows))
+    return path
+
+
+def plan_for(tmp_path, profile, rates, name="w.csv"):
+    csv = write_csv(tmp_path / name, [(f"ad-{i}", 8, x) for i, x in enumerate(rates)])
+    from planner.workload_csv import read_workload
+
+    wl = read_workload(csv, profile)
+    return csv, make_plan(csv, wl, profile, CapacityPredictor(), PlanOptions())
+
+
+def test_placement_json_round_trip_and_router(tmp_path, profile):
+    _, p = plan_for(tmp_path, profile, [1.0] * 25 + [25.0])
+    d = p.to_dict()
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(d))
+    back = read_placement(path)
+    assert [(i.instance_id, i.a_max, i.adapters) for i in back.instances] == \
+           [(i.instance_id, i.a_max, {k: round(v, 6) for k, v in i.adapters.items()}) for i in p.instances]
+    assert set(d["router"]) == {f"ad-{i}" for i in range(26)}
+    for routes in d["router"].values():
+        assert sum(r["weight"] for r in routes) == pytest.approx(1.0, abs=1e-5)
+    hot = next(a for a in d["adapters"] if a["adapter_id"] == "ad-25")
+    assert len(hot["routes"]) > 1 and hot["instance_id"] in {r["instance_id"] for r in hot["routes"]}
+    inst = d["instances"][0]
+    assert inst["engine_args"]["enable_lora"] is True
+    assert inst["engine_args"]["max_loras"] == inst["a_max"]
+    assert inst["engine_args"]["max_cpu_loras"] >= len(inst["adapters"])
+    assert d["inputs"]["profile_id"] == profile.profile_id and len(d["inputs"]["workload"]["sha256"]) == 64
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{", "is not a placement JSON"),
+    ('{"schema_version": 99}', "schema_version is 99"),
+    ('{"schema_version": 1, "instances": []}', "missing or bad field"),
+])
+def test_bad_placement_files_are_clear_errors(tmp_path, content, message):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(BadInputError, match=message):
+        read_placement(path)
+
+
+def test_renderers(tmp_path, profile):
+    _, p = plan_for(tmp_path, profile, [1.0] * 12)
+    p.adapters[0]["path"] = "/srv/adapters/odd name;rm -rf"
+    text = render_vllm(p, "/models/llama", port_base=9000, adapter_dir="/srv/adapters")
+    cmds = [line for line in text.splitlines() if line.startswith("CUDA_VISIBLE_DEVICES")]
+    assert len(cmds) == len(p.instances)
+    argv = shlex.split(cmds[0].split(" ", 1)[1].rstrip(" &"))
+    assert argv[:3] == ["python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert argv[argv.index("--max-loras") + 1] == str(p.instances[0].a_max)
+    assert "--enable-lora" in argv and "--no-enable-prefix-caching" in argv
+    mods = argv[argv.index("--lora-modules") + 1:]
+    assert len(mods) == len(p.instances[0].adapters)
+    assert "ad-0=/srv/adapters/odd name;rm -rf" in [m for c in cmds for m in shlex.split(c)]
+    table = render_table(p)
+    assert "gpu-0" in table and "every GPU keeps up" in table
+
+
+def test_replan_of_the_same_workload_changes_nothing(tmp_path, profile):
+    csv, p = plan_for(tmp_path, profile, [1.0] * 25)
+    req = PackRequest.build(workload([1.0] * 25), profile, CapacityPredictor(), 1000)
+    new = replan(p, csv, req)
+    ch = new.changes
+    assert ch["moved_adapters"] == [] and ch["restarts"] == [] and ch["new_instances"] == []
+    assert [i.adapters for i in new.instances] == [i.adapters for i in p.instances]
+
+
+def test_replan_moves_little_and_reports_changes(tmp_path, profile):
+    csv, p = plan_for(tmp_path, profile, [1.0] * 25)
+    rates = [1.0] * 25
+    rates[0] = 4.0  # ad-0's GPU no longer keeps up: one adapter has to go
+    rates += [1.0] * 8  # 8 new adapters: 800 tok/s more
+    new = replan(p, csv, PackRequest.build(workload(rates), profile, CapacityPredictor(), 1000))
+    ch = new.changes
+    assert set(ch["added_adapters"]) == {f"ad-{i}" for i in range(25, 33)}
+    assert len(ch["moved_adapters"]) <= 2
+    assert all(i.ok for i in new.instances)
+    loaded = {a for c in ch["instances"] for a in c["load"]}
+    assert set(ch["added_adapters"]) <= loaded
+    before = {i.instance_id for i in p.instances}
+    assert {c["instance_id"] for c in ch["instances"] if c["status"] == "kept"} <= before
+
+
+def test_replan_lock_refuses_a_live_holder_and_takes_over_a_stale_one(tmp_path):
+    out = tmp_path / "plan.json"
+    lock = tmp_path / "plan.json.lock"
+    lock.write_text(str(os.getpid()))
+    with pytest.raises(AlreadyRunningError, match="another re-plan"), exclusive(out):
+        pass
+    lock.write_text("999999999")  # no such process
+    with exclusive(out):
+        assert lock.read_text() == str(os.getpid())
+    assert not lock.exists()
+
+
+def test_cli_plan_evaluate_replan_with_the_twin(tmp_path):
+    r = CliRunner()
+    out = tmp_path / "plan.json"
+    res = r.invoke(main, ["plan", SMALL, "--predictor", "twin", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "every GPU keeps up" in res.output and out.exists()
+    res = r.invoke(main, ["evaluate", str(out), SMALL, "--duration", "600", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["ok"] is True
+    before = out.read_bytes()
+    res = r.invoke(main, ["replan", SMALL, "--previous", str(out), "--out", str(out), "--gpus", "1",
+                          "--predictor", "twin", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(out.read_text())["changes"]["moved_adapters"] == []
+    assert out.read_bytes() != before  # rewritten (new timestamps, changes section)
+
+
+def test_cli_failures_leave_files_alone(tmp_path):
+    r = CliRunner()
+    out = tmp_path / "plan.json"
+    out.write_text("previous plan")
+    hot = write_csv(tmp_path / "hot.csv", [("x", 8, 500.0)])
+    res = r.invoke(main, ["plan", str(hot), "--predictor", "twin", "--no-split-hot", "--out", str(out)])
+    assert res.exit_code == 3 and "x is too hot" in res.output
+    assert out.read_text() == "previous plan"
+    bad = tmp_path / "bad.csv"
+    bad.write_text("adapter_id,rank\nx,8\n")
+    res = r.invoke(main, ["plan", str(bad), "--out", str(out)])
+    assert res.exit_code == 2 and "rate_rps" in res.output
+    res = r.invoke(main, ["replan", str(bad), "--previous", str(out), "--out", str(out)])
+    assert res.exit_code == 2 and out.read_text() == "previous plan"
+    res = r.invoke(main, ["plan", SMALL, "--algorithm", "dlora"])
+    assert res.exit_code == 2 and "--gpus" in res.output
