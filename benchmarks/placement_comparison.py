@@ -1,0 +1,122 @@
+"""GPUs used and feasibility per placement algorithm on the paper's evaluation workloads (§8.4).
+
+    python benchmarks/placement_comparison.py [--profile ID] [--predictor auto] [--gpus 4] [--jobs 2]
+
+For each rate set (high/low/mixed) × rank set (high/low/mixed) × adapter count, every algorithm
+plans on ``--gpus`` GPUs with the predictor; each plan is then run GPU by GPU in the twin (the
+ground truth here: 3600 simulated s, Poisson arrivals) to see whether any GPU starves or would not
+start. Writes artifacts/benchmarks/placement_comparison[_<profile>].json with one row per
+(workload, algorithm) and the checks of issue 5: greedy plans never starve or exceed memory, use no
+more GPUs than paper-greedy, and fewer than maxbase/dlora where those hold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.paper_workloads import RANK_SETS, RATE_SETS, paper_workload
+
+ALGORITHMS = ("greedy", "paper-greedy", "maxbase", "maxbase-half", "random", "dlora", "latency")
+COUNTS = (8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1280)
+
+
+def run_case(args) -> list[dict]:
+    profile_id, predictor_kind, rates, ranks, n, gpus, duration = args
+    from models.predictor import load_predictor
+    from planner.evaluate import evaluate_placement
+    from planner.placement import Placement, adapter_rows, build_instances, engine_settings
+    from planner.plan import PlanOptions, pack_request, run_algorithm
+    from twin import InfeasibleError, SimConfig, load_profile
+
+    profile = load_profile(profile_id)
+    predictor = load_predictor(profile, predictor_kind)
+    wl = paper_workload(rates, ranks, n)
+    rows = []
+    for alg in ALGORITHMS:
+        opts = PlanOptions(algorithm=alg, gpus=gpus)
+        req = pack_request(wl, profile, predictor, opts)
+        row = {"rates": rates, "ranks": ranks, "adapters": n, "algorithm": alg}
+        t0 = time.perf_counter()
+        try:
+            groups = run_algorithm(req, opts)
+        except InfeasibleError as exc:
+            rows.append({**row, "plan_wall_s": time.perf_counter() - t0, "planned": False, "reason": str(exc)[:200]})
+            continue
+        row["plan_wall_s"] = time.perf_counter() - t0
+        placement = Placement({}, build_instances(req, groups), adapter_rows(req), engine_settings(profile))
+        ev = evaluate_placement(placement, wl, profile, SimConfig(a_max=1, duration_s=duration, seed=1))
+        d = ev.to_dict()
+        rows.append({**row, "planned": True, "gpus": len(groups), "memory_errors": d["memory_errors"],
+                     "starving_gpus": d["starving"], "holds": ev.ok,
+                     "predicted_ok": all(i.ok for i in placement.instances)})
+    return rows
+
+
+def checks(rows: list[dict]) -> dict:
+    by = {}
+    for r in rows:
+        by.setdefault((r["rates"], r["ranks"], r["adapters"]), {})[r["algorithm"]] = r
+    greedy_planned = [c["greedy"] for c in by.values() if c["greedy"]["planned"]]
+    out = {
+        "workloads": len(by),
+        "greedy_planned": len(greedy_planned),
+        "greedy_plans_that_starve_or_fail_to_start": sum(not r["holds"] for r in greedy_planned),
+        "greedy_more_gpus_than_paper_greedy": 0,
+        "paper_greedy_planned_where_greedy_did_not": 0,
+    }
+    for base in ("maxbase", "maxbase-half", "dlora", "random", "latency"):
+        out[f"{base}_holds"] = sum(c[base].get("holds", False) for c in by.values())
+        out[f"greedy_fewer_gpus_than_{base}_where_it_holds"] = sum(
+            c["greedy"]["planned"] and c[base].get("holds") and c["greedy"]["gpus"] < c[base]["gpus"]
+            for c in by.values())
+        out[f"greedy_more_gpus_than_{base}_where_it_holds"] = sum(
+            c["greedy"]["planned"] and c[base].get("holds") and c["greedy"]["gpus"] > c[base]["gpus"]
+            for c in by.values())
+    for c in by.values():
+        g, p = c["greedy"], c["paper-greedy"]
+        if g["planned"] and p["planned"] and g["gpus"] > p["gpus"]:
+            out["greedy_more_gpus_than_paper_greedy"] += 1
+        if p["planned"] and not g["planned"]:
+            out["paper_greedy_planned_where_greedy_did_not"] += 1
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--profile", default="h100-64gb-llama-3.1-8b")
+    ap.add_argument("--predictor", default="twin", help="predictor backend the planners use")
+    ap.add_argument("--gpus", type=int, default=4)
+    ap.add_argument("--counts", default=",".join(map(str, COUNTS)))
+    ap.add_argument("--duration", type=float, default=3600.0, help="simulated seconds per GPU evaluation")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    from twin.atomic import write_json_atomic
+
+    cases = [(args.profile, args.predictor, rates, ranks, int(n), args.gpus, args.duration)
+             for rates in RATE_SETS for ranks in RANK_SETS for n in args.counts.split(",")]
+    rows: list[dict] = []
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(args.jobs) as pool:
+        for k, case_rows in enumerate(pool.map(run_case, cases)):
+            rows += case_rows
+            print(f"[{k + 1}/{len(cases)}] {cases[k][2]} rates, {cases[k][3]} ranks, {cases[k][4]} adapters "
+                  f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+    result = {"profile": args.profile, "predictor": args.predictor, "gpus": args.gpus,
+              "evaluation": f"twin, {args.duration:.0f} simulated s per GPU, Poisson, seed 1",
+              "command": "python " + " ".join(sys.argv), "checks": checks(rows), "rows": rows}
+    out = args.out or ROOT / "artifacts" / "benchmarks" / f"placement_comparison_{args.profile}.json"
+    write_json_atomic(out, result)
+    print(json.dumps(result["checks"], indent=1))
+
+
+if __name__ == "__main__":
+    main()
