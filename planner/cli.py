@@ -22,7 +22,7 @@ def main() -> None:
     """
 
 
-for _command in (cli_plan.plan, cli_plan.evaluate, cli_plan.replan, cli_twin.profiles, cli_twin.simulate):
+for _command in (cli_plan.plan, cli_plan.evaluate, cli_plan.replan, cli_plan.verify, cli_twin.profiles, cli_twin.simulate):
     main.add_command(_command)
 
 

