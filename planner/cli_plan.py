@@ -245,7 +245,8 @@ Examples:
 @click.option("--synthesize", is_flag=True,
               help="Build a tiny random-weight model and adapters of the planned ranks (CPU checks).")
 @click.option("--kv-cache-bytes", type=click.IntRange(min=1), default=None,
-              help="KV cache size per engine (vLLM --kv-cache-memory-bytes) [the profile's, else vLLM's].")
+              help="KV cache size per engine (vLLM --kv-cache-memory-bytes) [the profile's; with --synthesize, "
+                   "the planned KV tokens of each engine; else vLLM's].")
 @click.option("--profile", "profile_id", default=None, help="Profile id or path [the plan's].")
 @click.option("--work-dir", type=click.Path(file_okay=False), default="verify-work", show_default=True,
               help="Engine logs and per-request records go here.")
@@ -269,8 +270,9 @@ def verify(placement_file, engine, duration, warmup, model, adapter_dir, synthes
     placement = read_placement(placement_file)
     profile = load_profile(profile_id or placement.inputs.get("profile_id"))
     work = Path(work_dir)
+    per_token = None
     if synthesize:
-        model, paths = synthesize_for(placement, work / "synthetic", int(placement.engine["max_model_len"]))
+        model, paths, per_token = synthesize_for(placement, work / "synthetic", int(placement.engine["max_model_len"]))
     else:
         if not model:
             raise BadInputError("give --model DIR (or --synthesize for a tiny random-weight model)")
@@ -279,7 +281,7 @@ def verify(placement_file, engine, duration, warmup, model, adapter_dir, synthes
         paths = {k: v for k, v in paths.items() if v}
     kv_bytes = kv_cache_bytes or profile.engine.kv_cache_bytes
     settings = VerifySettings(engine=engine, model=model, adapter_paths=paths, duration_s=duration, warmup_s=warmup,
-                              seed=seed, kv_cache_bytes=kv_bytes, work_dir=work)
+                              seed=seed, kv_cache_bytes=kv_bytes, kv_bytes_per_token=per_token, work_dir=work)
     results = verify_placement(placement, profile, settings,
                                progress=None if as_json else lambda m: click.echo(f"starting {m}", err=True))
     if as_json:

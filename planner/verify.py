@@ -32,6 +32,7 @@ class VerifySettings:
     warmup_s: float = 20.0
     seed: int = 0
     kv_cache_bytes: int | None = None
+    kv_bytes_per_token: int | None = None  # with kv_cache_bytes None: give each engine its planned KV tokens
     work_dir: Path = Path("verify-work")
     max_in_flight: int = 0
 
@@ -94,11 +95,14 @@ def verify_instance(p: Placement, k: int, profile: Profile, s: VerifySettings) -
 
     inst = p.instances[k]
     eng = p.engine
+    kv_bytes = s.kv_cache_bytes
+    if kv_bytes is None and s.kv_bytes_per_token and inst.kv_tokens:
+        kv_bytes = inst.kv_tokens * s.kv_bytes_per_token
     config = EngineConfig(
         model=s.model, adapters=tuple((aid, s.adapter_paths[aid]) for aid in inst.adapters),
         max_loras=inst.a_max, max_lora_rank=inst.max_lora_rank, max_cpu_loras=inst.max_cpu_loras,
         max_num_batched_tokens=eng["max_num_batched_tokens"], max_num_seqs=eng["max_num_seqs"],
-        max_model_len=eng["max_model_len"], kv_cache_bytes=s.kv_cache_bytes, device=s.engine,
+        max_model_len=eng["max_model_len"], kv_cache_bytes=kv_bytes, device=s.engine,
         gpu=k if s.engine == "cuda" else None,
     )
     wl = instance_workload(p, inst)
@@ -126,7 +130,7 @@ def verify_instance(p: Placement, k: int, profile: Profile, s: VerifySettings) -
     out.ttft_ms_p99 = real.ttft_ms_p99
     out.finished_requests = real.finished_requests
     out.failed_requests = real.failed_requests
-    out.records = str(path)
+    out.records = str(path.resolve())
     return out
 
 
@@ -146,8 +150,12 @@ def verify_placement(p: Placement, profile: Profile, s: VerifySettings,
     return results
 
 
-def synthesize_for(p: Placement, out_dir: Path, max_model_len: int) -> tuple[str, dict[str, str]]:
-    """A tiny random-weight model and one adapter per planned adapter, of its rank (CPU checks)."""
+def synthesize_for(p: Placement, out_dir: Path, max_model_len: int) -> tuple[str, dict[str, str], int]:
+    """A tiny random-weight model and one adapter per planned adapter, of its rank (CPU checks).
+
+    Returns the model dir, adapter id → dir, and the model's KV bytes per token (bf16), so each engine
+    can be given the KV capacity in tokens its plan assumes.
+    """
     from serving_harness.synth import ModelShape, write_adapters, write_model
 
     bad = [a["adapter_id"] for a in p.adapters if "/" in a["adapter_id"] or a["adapter_id"] in (".", "..")]
@@ -157,4 +165,5 @@ def synthesize_for(p: Placement, out_dir: Path, max_model_len: int) -> tuple[str
     model = write_model(out_dir / "model", shape)
     ranks = {a["adapter_id"]: int(a["rank"]) for a in p.adapters}
     paths = write_adapters(out_dir / "adapters", shape, ranks, base_model=str(model))
-    return str(model), {k: str(v) for k, v in paths.items()}
+    per_token = 2 * shape.num_hidden_layers * shape.num_key_value_heads * shape.head_dim * 2  # K and V, bf16
+    return str(model), {k: str(v) for k, v in paths.items()}, per_token
