@@ -4,7 +4,11 @@ A :class:`Predictor` answers for a batch of :class:`GpuScenario`. Backends:
 
 * ``twin`` — runs the digital twin on each scenario (slow, exact; for checks and as the fallback
   while no surrogate is trained for a profile);
-* surrogate backends registered by ``models`` (full model or small trees, compiled to numba).
+* ``surrogate`` — the compiled random forests of ``artifacts/surrogates/<profile-id>/``
+  (:mod:`models.surrogate`);
+* ``small-tree`` — the distilled trees of at most 32 rules from the same artifact.
+
+:func:`default_predictor_kind` picks ``surrogate`` when a usable artifact exists, else ``twin``.
 
 Memory feasibility is not a prediction: callers check ``profile.kv.tokens_for`` first; a
 scenario the engine cannot start with raises :class:`twin.errors.InfeasibleError`.
@@ -12,12 +16,13 @@ scenario the engine cannot start with raises :class:`twin.errors.InfeasibleError
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import Protocol
 
 import numpy as np
 
-from twin.errors import BadInputError
+from twin.errors import BadInputError, ProfileError
 from twin.profile import Profile
 from twin.simulate import STARVATION_THRESHOLD, SimConfig, simulate
 from twin.workload import Adapter, Workload
@@ -85,8 +90,19 @@ class TwinPredictor:
         return Predictions(thr, thr < STARVATION_THRESHOLD * arriving, arriving)
 
 
+def _surrogate(kind: str) -> Callable[[Profile], Predictor]:
+    def factory(profile: Profile) -> Predictor:
+        from models.surrogate import SurrogatePredictor
+
+        return SurrogatePredictor(profile, kind)
+
+    return factory
+
+
 PredictorFactory = Callable[[Profile], Predictor]
-_BACKENDS: dict[str, PredictorFactory] = {"twin": TwinPredictor}
+_BACKENDS: dict[str, PredictorFactory] = {
+    "twin": TwinPredictor, "surrogate": _surrogate("surrogate"), "small-tree": _surrogate("small-tree"),
+}
 
 
 def register_backend(name: str, factory: PredictorFactory) -> None:
@@ -104,3 +120,14 @@ def load_predictor(profile: Profile, kind: str = "twin") -> Predictor:
     except KeyError:
         raise BadInputError(f"unknown predictor '{kind}'; choose one of {', '.join(predictor_names())}") from None
     return factory(profile)
+
+
+def default_predictor_kind(profile: Profile) -> str:
+    """"surrogate" when a surrogate artifact for this very profile loads, else "twin"."""
+    from models.surrogate import load_artifact
+
+    try:
+        load_artifact(profile)
+    except ProfileError:
+        return "twin"
+    return "surrogate"

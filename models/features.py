@@ -1,0 +1,96 @@
+"""Scenario features: the study's seven plus load-aware ones, computed by one numba function.
+
+The same function serves the dataset builder and the predictors, so training and prediction can
+never disagree on a feature. Rates are req/s, lengths are mean tokens per request.
+
+* ``served_adapters, sum_rate, std_rate, max_rank, mean_rank, std_rank, a_max`` — the study's seven
+  (population standard deviations, as its ``create_dataset.py``).
+* ``max_lora_rank`` and ``kv_tokens`` (the profile's T_max for that A_max and max rank): the
+  engine's start-up settings.
+* ``mean_input_tokens``, ``mean_output_tokens`` (rate-weighted) and ``arriving_tok_s``: the study
+  has no length features although the planner knows the lengths.
+* ``rank_weighted_rate`` = Σ λ·rank.
+* ``expected_active_adapters`` = Σ (1 − exp(−λ·out·RESIDENCY_S_PER_TOKEN)): adapters with a request
+  in flight at a random instant if a request stays ``out × RESIDENCY_S_PER_TOKEN`` seconds;
+  ``active_over_a_max`` is that over A_max (how often the adapter cap bites).
+* ``kv_demand`` = in-flight KV tokens under the same residency over ``kv_tokens``.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+PAPER_FEATURES = ("served_adapters", "sum_rate", "std_rate", "max_rank", "mean_rank", "std_rank", "a_max")
+FEATURES = PAPER_FEATURES + (
+    "max_lora_rank", "kv_tokens", "mean_input_tokens", "mean_output_tokens", "arriving_tok_s",
+    "rank_weighted_rate", "expected_active_adapters", "active_over_a_max", "kv_demand",
+)
+N_FEATURES = len(FEATURES)
+#: Nominal seconds a request stays in the engine per output token (a decode step at moderate batch).
+RESIDENCY_S_PER_TOKEN = 0.03
+
+
+@numba.njit(cache=True)
+def fill_features(ranks, rates, input_tokens, output_tokens, a_max, max_lora_rank, kv_tokens, out):
+    """Write the ``FEATURES`` of one scenario into ``out`` (float64, length ``N_FEATURES``)."""
+    n = ranks.shape[0]
+    sum_rate = 0.0
+    sum_rank = 0.0
+    max_rank = 0.0
+    w_in = 0.0
+    w_out = 0.0
+    plain_in = 0.0
+    plain_out = 0.0
+    arriving = 0.0
+    rank_rate = 0.0
+    active = 0.0
+    kv_in_flight = 0.0
+    for i in range(n):
+        lam = rates[i]
+        r = float(ranks[i])
+        sum_rate += lam
+        sum_rank += r
+        max_rank = max(max_rank, r)
+        w_in += lam * input_tokens[i]
+        w_out += lam * output_tokens[i]
+        plain_in += input_tokens[i]
+        plain_out += output_tokens[i]
+        arriving += lam * (input_tokens[i] + output_tokens[i])
+        rank_rate += lam * r
+        in_flight = lam * output_tokens[i] * RESIDENCY_S_PER_TOKEN
+        active += 1.0 - np.exp(-in_flight)
+        kv_in_flight += in_flight * (input_tokens[i] + 0.5 * output_tokens[i])
+    mean_rate = sum_rate / n
+    mean_rank = sum_rank / n
+    var_rate = 0.0
+    var_rank = 0.0
+    for i in range(n):
+        var_rate += (rates[i] - mean_rate) ** 2
+        var_rank += (float(ranks[i]) - mean_rank) ** 2
+    out[0] = n
+    out[1] = sum_rate
+    out[2] = np.sqrt(var_rate / n)
+    out[3] = max_rank
+    out[4] = mean_rank
+    out[5] = np.sqrt(var_rank / n)
+    out[6] = a_max
+    out[7] = max_lora_rank
+    out[8] = kv_tokens
+    out[9] = w_in / sum_rate if sum_rate > 0 else plain_in / n
+    out[10] = w_out / sum_rate if sum_rate > 0 else plain_out / n
+    out[11] = arriving
+    out[12] = rank_rate
+    out[13] = active
+    out[14] = active / a_max
+    out[15] = kv_in_flight / kv_tokens
+
+
+def feature_row(ranks, rates, input_tokens, output_tokens, a_max: int, max_lora_rank: int,
+                kv_tokens: int) -> np.ndarray:
+    """The features of one scenario as a new float64 array."""
+    out = np.empty(N_FEATURES)
+    fill_features(np.asarray(ranks, np.int64), np.asarray(rates, np.float64),
+                  np.asarray(input_tokens, np.float64), np.asarray(output_tokens, np.float64),
+                  int(a_max), int(max_lora_rank), float(kv_tokens), out)
+    return out

@@ -1,0 +1,207 @@
+"""Surrogate artifacts (``artifacts/surrogates/<profile-id>/``) and the predictors that use them.
+
+An artifact is two files: ``surrogate.npz`` (the compiled forests as flat arrays, see
+:mod:`models.trees`) and ``surrogate.json`` (features, target definition, model parameters,
+metrics, dataset hash, versions, the command that built it). Loading needs numpy and numba only.
+An artifact built for another profile (id or simulation-relevant content) or another feature set
+is refused with a message saying how to rebuild it.
+
+Forests in an artifact: ``full_throughput``/``full_starved`` (the size-bounded random forests)
+and ``small_throughput``/``small_starved`` (single trees of at most 32 rules). The throughput
+forests predict the served fraction ``throughput / arriving_tok_s``; the classifiers' class 1 is
+"starved".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numba
+import numpy as np
+
+from models.features import FEATURES, N_FEATURES, fill_features
+from models.predictor import GpuScenario, Predictions
+from models.trees import FlatForest, forest_row
+from twin.atomic import write_bytes_atomic, write_json_atomic
+from twin.errors import BadInputError, InfeasibleError, ProfileError
+from twin.profile import Profile, artifacts_dir
+
+ARTIFACT_SCHEMA_VERSION = 1
+ARRAYS_FILE = "surrogate.npz"
+METADATA_FILE = "surrogate.json"
+FOREST_NAMES = ("full_throughput", "full_starved", "small_throughput", "small_starved")
+KINDS = {"surrogate": "full", "small-tree": "small"}
+_ARRIVING = FEATURES.index("arriving_tok_s")
+
+
+def simulation_hash(profile: Profile) -> str:
+    """Hash of what the twin simulates with (not descriptions or provenance)."""
+    parts = (profile.engine, profile.kv, profile.step_latency, profile.scheduler_overhead, profile.adapter_load)
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
+
+
+def surrogate_dir(profile_id: str) -> Path:
+    return artifacts_dir() / "surrogates" / profile_id
+
+
+def has_artifact(profile: Profile, directory: str | Path | None = None) -> bool:
+    d = Path(directory) if directory else surrogate_dir(profile.profile_id)
+    return (d / ARRAYS_FILE).is_file() and (d / METADATA_FILE).is_file()
+
+
+def arrays_digest(forests: dict[str, FlatForest]) -> str:
+    h = hashlib.sha256()
+    for name in FOREST_NAMES:
+        for key, arr in sorted(forests[name].arrays(name + ".").items()):
+            h.update(key.encode())
+            h.update(np.ascontiguousarray(arr).tobytes())
+    return h.hexdigest()
+
+
+def save_artifact(directory: str | Path, forests: dict[str, FlatForest], metadata: dict[str, Any]) -> dict[str, Any]:
+    """Write the arrays and the metadata (atomically); returns the metadata as written."""
+    directory = Path(directory)
+    arrays: dict[str, np.ndarray] = {}
+    for name in FOREST_NAMES:
+        arrays.update(forests[name].arrays(name + "."))
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **arrays)
+    meta = {**metadata, "artifact_schema_version": ARTIFACT_SCHEMA_VERSION, "features": list(FEATURES),
+            "arrays_sha256": arrays_digest(forests), "arrays_bytes": len(buf.getvalue())}
+    write_bytes_atomic(directory / ARRAYS_FILE, buf.getvalue())
+    write_json_atomic(directory / METADATA_FILE, meta)
+    return meta
+
+
+@dataclass
+class SurrogateArtifact:
+    metadata: dict[str, Any]
+    forests: dict[str, FlatForest]
+
+
+def load_artifact(profile: Profile, directory: str | Path | None = None) -> SurrogateArtifact:
+    d = Path(directory) if directory else surrogate_dir(profile.profile_id)
+    rebuild = f"rebuild it with `planner train --profile {profile.profile_id}`"
+    if not has_artifact(profile, d):
+        raise ProfileError(f"no surrogate for profile {profile.profile_id} in {d}; build one with "
+                           f"`planner train --profile {profile.profile_id}` or use --predictor twin")
+    try:
+        meta = json.loads((d / METADATA_FILE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProfileError(f"{d / METADATA_FILE}: unreadable surrogate metadata ({exc}); {rebuild}") from None
+    if meta.get("artifact_schema_version") != ARTIFACT_SCHEMA_VERSION:
+        raise ProfileError(f"{d}: surrogate schema {meta.get('artifact_schema_version')} is not "
+                           f"{ARTIFACT_SCHEMA_VERSION}; {rebuild}")
+    if meta.get("profile_id") != profile.profile_id:
+        raise ProfileError(f"{d}: surrogate was trained for profile {meta.get('profile_id')}, "
+                           f"not {profile.profile_id}; {rebuild}")
+    if meta.get("profile_simulation_hash") != simulation_hash(profile):
+        raise ProfileError(f"{d}: profile {profile.profile_id} changed since its surrogate was trained; {rebuild}")
+    if meta.get("features") != list(FEATURES):
+        raise ProfileError(f"{d}: surrogate uses features {meta.get('features')}, this lora-planner computes "
+                           f"{list(FEATURES)}; {rebuild}")
+    try:
+        with np.load(d / ARRAYS_FILE, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except (OSError, ValueError) as exc:
+        raise ProfileError(f"{d / ARRAYS_FILE}: unreadable surrogate arrays ({exc}); {rebuild}") from None
+    try:
+        forests = {name: FlatForest.from_arrays(arrays, name + ".", classifier=name.endswith("starved"))
+                   for name in FOREST_NAMES}
+    except BadInputError as exc:
+        raise ProfileError(f"{d}: {exc}; {rebuild}") from None
+    if arrays_digest(forests) != meta.get("arrays_sha256"):
+        raise ProfileError(f"{d}: arrays do not match their metadata (arrays_sha256); {rebuild}")
+    return SurrogateArtifact(meta, forests)
+
+
+class SurrogatePredictor:
+    """Predictions from compiled trees: ``kind`` "surrogate" (the forests) or "small-tree"."""
+
+    def __init__(self, profile: Profile, kind: str = "surrogate", directory: str | Path | None = None):
+        if kind not in KINDS:
+            raise BadInputError(f"unknown surrogate kind '{kind}' ({', '.join(KINDS)})")
+        self.profile = profile
+        self.kind = kind
+        art = load_artifact(profile, directory)
+        self.metadata = art.metadata
+        self.throughput_forest = art.forests[f"{KINDS[kind]}_throughput"]
+        self.starved_forest = art.forests[f"{KINDS[kind]}_starved"]
+        self._kv: dict[tuple[int, int], int | None] = {}
+        self._x = np.empty(N_FEATURES)
+        self._x32 = np.empty(N_FEATURES, np.float32)
+        self._out = np.empty(2)
+
+    @property
+    def profile_id(self) -> str:
+        return self.profile.profile_id
+
+    def _kv_tokens(self, a_max: int, rank: int) -> int:
+        key = (a_max, rank)
+        if key not in self._kv:
+            self._kv[key] = self.profile.kv.tokens_for(a_max, rank)
+        kv = self._kv[key]
+        if kv is None:
+            raise InfeasibleError(
+                f"memory error: with max_lora_rank {rank} the engine of profile {self.profile.profile_id} "
+                f"starts with at most --max-loras {self.profile.kv.max_a_max(rank)} (asked {a_max})")
+        return kv
+
+    def features(self, scenarios: Sequence[GpuScenario]) -> np.ndarray:
+        X = np.empty((len(scenarios), N_FEATURES))
+        for i, sc in enumerate(scenarios):
+            rank = self._rank(sc)
+            fill_features(sc.ranks, sc.rates_rps, sc.input_tokens, sc.output_tokens, int(sc.a_max), int(rank),
+                          float(self._kv_tokens(int(sc.a_max), rank)), X[i])
+        return X
+
+    def predict_features(self, X: np.ndarray) -> Predictions:
+        """Predictions for a feature matrix (rows of ``FEATURES``)."""
+        fraction = self.throughput_forest.predict_raw(X)[:, 0]
+        proba = self.starved_forest.predict_raw(X)
+        arriving = X[:, _ARRIVING].copy()
+        return Predictions(fraction * arriving, proba[:, 1] > proba[:, 0], arriving)
+
+    def _rank(self, sc: GpuScenario) -> int:
+        need = int(sc.ranks.max())
+        rank = sc.max_lora_rank if sc.max_lora_rank is not None else self.profile.kv.rank_for(need)
+        if rank is None or rank < need:
+            raise ProfileError(f"profile {self.profile.profile_id} cannot serve rank {need} with "
+                               f"max_lora_rank {rank} (profiled: {', '.join(map(str, self.profile.kv.lora_ranks))})")
+        return rank
+
+    def predict(self, scenarios: Sequence[GpuScenario]) -> Predictions:
+        n = len(scenarios)
+        if n > 4:
+            return self.predict_features(self.features(scenarios))
+        # Few scenarios (the packer's case): one compiled call per scenario, no batch arrays.
+        thr, starved, arriving = np.empty(n), np.empty(n, bool), np.empty(n)
+        t, s = self.throughput_forest, self.starved_forest
+        for i, sc in enumerate(scenarios):
+            rank = self._rank(sc)
+            thr[i], starved[i], arriving[i] = _predict_one(
+                sc.ranks, sc.rates_rps, sc.input_tokens, sc.output_tokens, int(sc.a_max), int(rank),
+                float(self._kv_tokens(int(sc.a_max), rank)),
+                t.feature, t.threshold, t.left, t.right, t.leaf_value, t.roots,
+                s.feature, s.threshold, s.left, s.right, s.leaf_value, s.roots, self._x, self._x32, self._out)
+        return Predictions(thr, starved, arriving)
+
+
+@numba.njit(cache=True)
+def _predict_one(ranks, rates, input_tokens, output_tokens, a_max, rank, kv_tokens,
+                 tf, tt, tl, tr, tv, troots, sf, st, sl, sr, sv, sroots, x, x32, out):
+    """(throughput, starved, arriving) of one scenario: features, then both forests."""
+    fill_features(ranks, rates, input_tokens, output_tokens, a_max, rank, kv_tokens, x)
+    for k in range(x.shape[0]):
+        x32[k] = x[k]
+    forest_row(tf, tt, tl, tr, tv, troots, x32, out)
+    arriving = x[_ARRIVING]
+    thr = out[0] * arriving
+    forest_row(sf, st, sl, sr, sv, sroots, x32, out)
+    return thr, out[1] > out[0], arriving

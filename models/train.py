@@ -1,0 +1,322 @@
+"""Training, evaluation and distillation of the surrogates (needs the ``train`` extra: scikit-learn, optuna).
+
+Targets:
+
+* **throughput** — regressed as the *served fraction* ``throughput / arriving_tok_s`` (the
+  arriving rate from the nominal rates and lengths, a feature). SMAPE is scale invariant, so the
+  SMAPE of the fraction equals the SMAPE of the throughput it implies; the fraction is bounded and
+  near 1 whenever the server keeps up, which trees and kernels fit far better than raw tok/s.
+* **starved** — classified directly (macro-F1).
+
+Models: random forest, SVM and KNN, each tuned with ``HalvingGridSearchCV`` (5-fold, seeded) over
+either the paper's Appendix B spaces (``search="paper"``; sklearn no longer has
+``max_features="auto"``, its meaning 1.0 is used) or a reduced, faster space (``search="reduced"``).
+SVM and KNN see standardised features (the study fed them raw features). The forest that ships is
+size-bounded (``max_leaf_nodes``) so the artifact stays small and single-row prediction fast.
+The small trees come from an Optuna search over single decision trees of at most ``MAX_RULES``
+leaves, minimising CV error plus a complexity penalty.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from models.dataset import read_dataset
+from models.features import FEATURES, N_FEATURES, fill_features
+from models.metrics import macro_f1, smape
+from models.surrogate import METADATA_FILE, SurrogatePredictor, save_artifact, simulation_hash
+from models.trees import compile_sklearn, count_rules
+from twin.atomic import write_json_atomic
+from twin.errors import BadInputError
+
+MAX_RULES = 32
+SEED = 0
+ARRIVING = "arriving_tok_s"
+
+
+def _sk():
+    try:
+        import sklearn  # noqa: F401
+    except ImportError:
+        raise BadInputError("training needs scikit-learn and optuna: pip install 'lora-planner[train]'") from None
+
+
+def search_spaces(search: str, task: str, max_leaf_nodes: int) -> dict[str, tuple[Any, dict[str, list]]]:
+    """{model name: (estimator, param grid)} for ``task`` in {"regression", "classification"}."""
+    from sklearn.ensemble import RandomForestClassifier, RandomForestRegressor
+    from sklearn.neighbors import KNeighborsClassifier, KNeighborsRegressor
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+    from sklearn.svm import SVC, SVR
+
+    reg = task == "regression"
+    rf = (RandomForestRegressor if reg else RandomForestClassifier)(random_state=SEED, n_jobs=1)
+    svm = make_pipeline(StandardScaler(), SVR() if reg else SVC())
+    knn = make_pipeline(StandardScaler(), (KNeighborsRegressor if reg else KNeighborsClassifier)(
+        leaf_size=8, algorithm="kd_tree"))
+    if search == "paper":
+        rf_grid = {"n_estimators": [32, 128, 256], "max_depth": [None, 5, 10, 20], "min_samples_split": [2, 5, 10, 20],
+                   "criterion": (["squared_error", "absolute_error", "friedman_mse", "poisson"] if reg
+                                 else ["gini", "entropy", "log_loss"]),
+                   "min_samples_leaf": [1, 2, 5, 10, 32, 128],
+                   "max_features": [1.0, "sqrt", "log2"] if reg else [None, "sqrt", "log2"]}
+        svm_grid = {"C": [0.1, 1, 10, 100, 1000, 10000], "kernel": ["linear", "poly", "rbf", "sigmoid"],
+                    "degree": [2, 3, 4, 5], "gamma": ["scale", "auto", 0.01, 0.1, 1, 10], "coef0": [0, 0.1, 0.5, 1]}
+        if reg:
+            svm_grid["epsilon"] = [0.1, 0.5, 1, 5]
+        knn_grid = {"n_neighbors": [1], "weights": ["uniform"], "p": [1, 2]}
+    elif search == "reduced":
+        rf_grid = {"n_estimators": [64], "min_samples_leaf": [1, 2, 5], "max_features": [1.0, 0.5, "sqrt"],
+                   "criterion": ["squared_error", "poisson"] if reg else ["gini", "log_loss"]}
+        svm_grid = {"C": [1, 10, 100, 1000], "kernel": ["rbf"], "gamma": ["scale", 0.1, 1]}
+        if reg:
+            svm_grid["epsilon"] = [0.001, 0.01]
+        knn_grid = {"n_neighbors": [1, 3, 5], "weights": ["uniform", "distance"], "p": [1, 2]}
+    else:
+        raise BadInputError(f"unknown search space '{search}' (paper, reduced)")
+    rf_grid["max_leaf_nodes"] = [max_leaf_nodes]
+
+    def piped(grid, step):
+        return {f"{step}__{k}": v for k, v in grid.items()}
+
+    return {"rf": (rf, rf_grid), "svm": (svm, piped(svm_grid, svm.steps[-1][0])),
+            "knn": (knn, piped(knn_grid, knn.steps[-1][0]))}
+
+
+def _smape_score(y_true, y_pred) -> float:
+    return -smape(y_pred, y_true)
+
+
+def _scorer(task: str):
+    from sklearn.metrics import make_scorer
+
+    return make_scorer(_smape_score) if task == "regression" else "f1_macro"
+
+
+@dataclass
+class Split:
+    X_train: np.ndarray
+    X_test: np.ndarray
+    y_train: np.ndarray
+    y_test: np.ndarray
+
+
+def split(X: np.ndarray, y: np.ndarray, test_fraction: float, seed: int = SEED) -> Split:
+    """Held-out scenarios: a seeded random ``test_fraction`` of the rows (each row is one scenario)."""
+    idx = np.random.default_rng(seed).permutation(X.shape[0])
+    n_test = round(test_fraction * X.shape[0])
+    te, tr = idx[:n_test], idx[n_test:]
+    return Split(X[tr], X[te], y[tr], y[te])
+
+
+def score(task: str, pred: np.ndarray, real: np.ndarray) -> float:
+    return smape(pred, real) if task == "regression" else macro_f1(pred, real)
+
+
+def tune(task: str, name: str, estimator, grid: dict, X: np.ndarray, y: np.ndarray, jobs: int) -> dict[str, Any]:
+    """HalvingGridSearchCV (5-fold) of one model; returns the refitted best estimator and its CV score."""
+    from sklearn.experimental import enable_halving_search_cv  # noqa: F401
+    from sklearn.model_selection import HalvingGridSearchCV, KFold, StratifiedKFold
+
+    cv = (KFold if task == "regression" else StratifiedKFold)(5, shuffle=True, random_state=SEED)
+    search = HalvingGridSearchCV(estimator, grid, cv=cv, scoring=_scorer(task), n_jobs=jobs, random_state=SEED,
+                                 error_score=np.nan)
+    t0 = time.perf_counter()
+    search.fit(X, y)
+    best = search.best_estimator_
+    return {"model": name, "estimator": best, "best_params": {k: _jsonable(v) for k, v in search.best_params_.items()},
+            "cv_score": float(-search.best_score_ if task == "regression" else search.best_score_),
+            "candidates": len(search.cv_results_["params"]), "search_s": time.perf_counter() - t0}
+
+
+def _jsonable(v):
+    return v if isinstance(v, (int, float, str, bool)) or v is None else str(v)
+
+
+def predict_timed(estimator, X: np.ndarray) -> tuple[np.ndarray, float]:
+    """Predictions and sklearn's time per row in µs (the study reports ms/sample)."""
+    t0 = time.perf_counter()
+    pred = estimator.predict(X)
+    return pred, (time.perf_counter() - t0) / max(1, X.shape[0]) * 1e6
+
+
+def distil(task: str, X: np.ndarray, y: np.ndarray, trials: int, penalty: float, jobs: int) -> dict[str, Any]:
+    """Optuna search for one decision tree of ≤ MAX_RULES leaves minimising CV error + penalty·leaves/MAX_RULES.
+
+    The error is SMAPE (%) for regression and 100·(1 − macro-F1) for classification, so the
+    penalty is in the same units: ``penalty`` points for a tree that uses all MAX_RULES leaves.
+    """
+    import optuna
+    from sklearn.model_selection import KFold, StratifiedKFold, cross_val_score
+    from sklearn.tree import DecisionTreeClassifier, DecisionTreeRegressor
+
+    reg = task == "regression"
+    cv = (KFold if reg else StratifiedKFold)(5, shuffle=True, random_state=SEED)
+    criteria = ["squared_error", "poisson"] if reg else ["gini", "entropy", "log_loss"]
+
+    def make(params):
+        cls = DecisionTreeRegressor if reg else DecisionTreeClassifier
+        return cls(random_state=SEED, **params)
+
+    def objective(trial):
+        params = {"max_leaf_nodes": trial.suggest_int("max_leaf_nodes", 4, MAX_RULES),
+                  "max_depth": trial.suggest_int("max_depth", 2, 10),
+                  "min_samples_leaf": trial.suggest_int("min_samples_leaf", 1, 256, log=True),
+                  "criterion": trial.suggest_categorical("criterion", criteria)}
+        cv_score = float(np.mean(cross_val_score(make(params), X, y, cv=cv, scoring=_scorer(task), n_jobs=jobs)))
+        err = -cv_score if reg else 100.0 * (1.0 - cv_score)
+        leaves = make(params).fit(X, y).tree_.n_leaves
+        trial.set_user_attr("cv_error", err)
+        trial.set_user_attr("leaves", int(leaves))
+        return err + penalty * leaves / MAX_RULES
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=SEED))
+    t0 = time.perf_counter()
+    study.optimize(objective, n_trials=trials)
+    best = study.best_trial
+    tree = make(best.params).fit(X, y)
+    return {"estimator": tree, "best_params": dict(best.params), "cv_error": best.user_attrs["cv_error"],
+            "objective": float(best.value), "rules": int(tree.tree_.n_leaves), "trials": trials,
+            "penalty": penalty, "search_s": time.perf_counter() - t0}
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for pkg in ("lora-planner", "scikit-learn", "optuna", "numpy", "numba"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = "unknown"
+    return out
+
+
+def _regimes(pred_thr, real_thr, real_starved) -> dict[str, float]:
+    return {"throughput_smape": smape(pred_thr, real_thr),
+            "throughput_smape_not_starved": smape(pred_thr[~real_starved], real_thr[~real_starved]),
+            "throughput_smape_starved": smape(pred_thr[real_starved], real_thr[real_starved])}
+
+
+def _assert_identical(name: str, compiled: np.ndarray, reference: np.ndarray) -> None:
+    if not np.array_equal(compiled, reference):
+        raise AssertionError(f"compiled {name} differs from scikit-learn on held-out rows "
+                             f"(max |diff| {np.max(np.abs(compiled - reference))})")
+
+
+def train_surrogates(dataset_paths, profile, out_dir, *, search: str = "reduced", models=("rf", "svm", "knn"),
+                     jobs: int = 1, trials: int = 60, penalty: float = 1.0, test_fraction: float = 0.2,
+                     max_leaf_nodes: int = 2048, real_runs=None, command: str = "", log=print) -> dict[str, Any]:
+    """Train, evaluate, distil, compile and write the surrogate artifact of ``profile``; return its metadata.
+
+    Every model is scored on held-out scenarios (and on ``real_runs``, a :class:`models.realruns.RealRuns`,
+    when given); the shipped forests are the tuned random forests, checked bit-identical after compiling.
+    """
+    _sk()
+
+    if "rf" not in models:
+        raise BadInputError("the random forest ('rf') is the model that ships; keep it in --models")
+    ds = read_dataset(dataset_paths)
+    if ds.metadata["profile_id"] != profile.profile_id:
+        raise BadInputError(f"dataset was built for profile {ds.metadata['profile_id']}, not {profile.profile_id}")
+    arriving_col = FEATURES.index(ARRIVING)
+    usable = ds.X[:, arriving_col] > 0
+    X = ds.X[usable]
+    y_frac = ds.throughput[usable] / X[:, arriving_col]
+    y_starved = ds.starved[usable]
+    if X.shape[0] < 50 or y_starved.all() or not y_starved.any():
+        raise BadInputError(f"dataset has {X.shape[0]} usable rows ({int(y_starved.sum())} starved); "
+                            "training needs >= 50 rows with both starved and healthy scenarios")
+    log(f"{X.shape[0]} scenarios ({int(y_starved.sum())} starved), {N_FEATURES} features; held out {test_fraction:.0%}")
+    real_X = None
+    if real_runs is not None:
+        real_X = np.empty((len(real_runs.scenarios), N_FEATURES))
+        for i, sc in enumerate(real_runs.scenarios):
+            fill_features(sc.ranks, sc.rates_rps, sc.input_tokens, sc.output_tokens, sc.a_max, sc.max_lora_rank,
+                          float(profile.kv.tokens_for(sc.a_max, sc.max_lora_rank)), real_X[i])
+
+    tasks = {"throughput": ("regression", y_frac), "starved": ("classification", y_starved)}
+    results: dict[str, Any] = {}
+    best_rf: dict[str, Any] = {}
+    small: dict[str, Any] = {}
+    splits: dict[str, Split] = {}
+    for target, (task, y) in tasks.items():
+        sp = splits[target] = split(X, y, test_fraction)
+        results[target] = {}
+        spaces = search_spaces(search, task, max_leaf_nodes)
+        for name in models:
+            est, grid = spaces[name]
+            r = tune(task, name, est, grid, sp.X_train, sp.y_train, jobs)
+            pred, us = predict_timed(r["estimator"], sp.X_test)
+            entry = {k: v for k, v in r.items() if k != "estimator"}
+            entry["sklearn_us_per_row"] = us
+            entry.update(_evaluate(task, pred, sp, real_X, real_runs, r["estimator"]))
+            results[target][name] = entry
+            log(f"  {target:10} {name:4} cv {entry['cv_score']:.4f} held-out {entry['held_out']:.4f}"
+                + (f" real {entry['real']['score']:.4f}" if real_runs is not None else "")
+                + f" ({entry['search_s']:.0f} s, {entry['candidates']} candidates)")
+            if name == "rf":
+                best_rf[target] = r["estimator"]
+        d = distil(task, sp.X_train, sp.y_train, trials, penalty, jobs)
+        pred = d["estimator"].predict(sp.X_test)
+        entry = {k: v for k, v in d.items() if k != "estimator"}
+        entry.update(_evaluate(task, pred, sp, real_X, real_runs, d["estimator"]))
+        results[target]["small_tree"] = entry
+        small[target] = d["estimator"]
+        log(f"  {target:10} small tree {entry['rules']} rules, held-out {entry['held_out']:.4f}"
+            + (f" real {entry['real']['score']:.4f}" if real_runs is not None else ""))
+
+    forests = {}
+    for prefix, fitted in (("full", best_rf), ("small", small)):
+        for target, est in fitted.items():
+            flat = compile_sklearn(est)
+            Xt = splits[target].X_test
+            if target == "throughput":
+                _assert_identical(f"{prefix} {target}", flat.predict_raw(Xt)[:, 0], est.predict(Xt))
+            else:
+                _assert_identical(f"{prefix} {target}", flat.predict_raw(Xt), est.predict_proba(Xt))
+            forests[f"{prefix}_{target}"] = flat
+    meta = {
+        "profile_id": profile.profile_id, "profile_simulation_hash": simulation_hash(profile),
+        "throughput_target": "served fraction = throughput_tok_s / arriving_tok_s (nominal rates x lengths)",
+        "smape": "standard: 100*mean(2|p-r|/(|p|+|r|))",
+        "dataset": {"sha256": ds.sha256, "rows": int(X.shape[0]), "profile_hash": ds.metadata["profile_hash"],
+                    "files": [{k: f.get(k) for k in ("rows", "grid_scenarios", "complete", "grid")}
+                              for f in ds.metadata["files"]]},
+        "training": {"search": search, "models": list(models), "cv_folds": 5, "seed": SEED,
+                     "test_fraction": test_fraction, "max_leaf_nodes": max_leaf_nodes, "optuna_trials": trials,
+                     "complexity_penalty": penalty, "max_rules": MAX_RULES},
+        "results": results,
+        "compiled": {name: {"trees": f.n_trees, "nodes": f.n_nodes, "rules": count_rules(f), "bytes": f.nbytes,
+                            "bit_identical_to_sklearn_on_held_out": True} for name, f in forests.items()},
+        "versions": _versions(), "command": command,
+    }
+    meta = save_artifact(out_dir, forests, meta)
+    if real_runs is not None:  # the shipped predictors, end to end from GpuScenario
+        for kind in ("surrogate", "small-tree"):
+            p = SurrogatePredictor(profile, kind, out_dir).predict(real_runs.scenarios)
+            meta.setdefault("real_runs_predictor", {})[kind] = {
+                **_regimes(p.throughput_tok_s, real_runs.throughput, real_runs.starved),
+                "starved_macro_f1": macro_f1(p.starved, real_runs.starved)}
+        write_json_atomic(Path(out_dir) / METADATA_FILE, meta)
+    return meta
+
+
+def _evaluate(task, pred, sp: Split, real_X, real_runs, estimator) -> dict[str, Any]:
+    out: dict[str, Any] = {"held_out": score(task, pred, sp.y_test)}
+    if real_X is not None:
+        rp = estimator.predict(real_X)
+        if task == "regression":
+            thr = rp * real_X[:, FEATURES.index(ARRIVING)]
+            out["real"] = {"score": smape(thr, real_runs.throughput),
+                           **_regimes(thr, real_runs.throughput, real_runs.starved),
+                           "starved_from_fraction_macro_f1": macro_f1(rp < 0.9, real_runs.starved)}
+        else:
+            out["real"] = {"score": macro_f1(rp, real_runs.starved)}
+    return out

@@ -1,0 +1,124 @@
+"""``planner dataset build`` and ``planner train``: training sets from the twin, surrogates from them."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+
+import click
+
+from planner.cli_common import print_json, user_errors
+
+EPILOG_BUILD = """\b
+Examples:
+  planner dataset build --profile h100-64gb-llama-3.1-8b --grid paper --jobs 2 \\
+      --out datasets/h100-64gb-llama-3.1-8b/paper.parquet
+  planner dataset build --profile h100-64gb-qwen2.5-7b --grid small --out /tmp/small.parquet
+  planner dataset build --profile ID --grid paper --backend ray --address auto --out ...
+Rerunning the same command resumes an interrupted build (rows are kept under OUT.work/).
+"""
+
+EPILOG_TRAIN = """\b
+Example:
+  planner train --dataset datasets/h100-64gb-llama-3.1-8b/paper.parquet \\
+      --profile h100-64gb-llama-3.1-8b --out artifacts/surrogates/h100-64gb-llama-3.1-8b/ --jobs 2
+"""
+
+
+@click.group()
+def dataset() -> None:
+    """Training sets for the surrogates: the digital twin run over a scenario grid."""
+
+
+@dataset.command("build", epilog=EPILOG_BUILD)
+@click.option("--profile", "profile_id", required=True, help="Profile id or JSON path.")
+@click.option("--grid", default="paper", show_default=True,
+              help="'paper' (the study's 79,200 scenarios), 'small' (300, for CI) or a grid JSON file.")
+@click.option("--out", type=click.Path(dir_okay=False), required=True, help="Output parquet file.")
+@click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Simulated seconds per scenario [grid's: paper 3600, small 600].")
+@click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True, help="Local worker processes.")
+@click.option("--backend", type=click.Choice(["local", "ray"]), default="local", show_default=True)
+@click.option("--address", default=None, help="Ray cluster address (with --backend ray), e.g. 'auto'.")
+@click.option("--limit", type=click.IntRange(min=0), default=0,
+              help="Stop after this many scenarios in total (0 = all); rerun to continue.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
+@user_errors
+def build(profile_id, grid, out, duration, jobs, backend, address, limit, as_json) -> None:
+    """Run the twin over a scenario grid and write one parquet row per scenario.
+
+    Each row holds the scenario spec (per-adapter ranks and rates, A_max, mean lengths, duration,
+    seed, profile id), the features and the targets (throughput, arriving tok/s, ITL, TTFT,
+    starved). (A_max, max rank) pairs vLLM cannot start with are rows with memory_error=true.
+    Scenarios run in a seeded random order, so a partial build is a uniform sample of the grid.
+    """
+    from models.dataset import GridSpec, build_dataset
+    from twin import load_profile
+
+    profile = load_profile(profile_id)
+    spec = GridSpec.load(grid, duration)
+    res = build_dataset(profile, spec, out, jobs=jobs, backend=backend, address=address, limit=limit,
+                        progress=not as_json)
+    summary = {"out": str(res.out), "grid_scenarios": res.total, "rows": res.done, "new_rows": res.new_rows,
+               "memory_error_rows": res.memory_errors, "complete": res.complete, "interrupted": res.interrupted,
+               "wall_s": res.wall_s, "rows_per_hour": res.rows_per_hour, "twin_s": res.sim_s}
+    if as_json:
+        print_json(summary)
+        return
+    state = "complete" if res.complete else f"partial ({res.done}/{res.total}; rerun to continue)"
+    click.echo(f"wrote {res.out}: {res.done} rows, {res.memory_errors} memory errors, {state}; "
+               f"{res.new_rows} new rows in {res.wall_s:.0f} s ({res.rows_per_hour:,.0f} rows/h)")
+    if res.interrupted:
+        sys.exit(130)
+
+
+@click.command(epilog=EPILOG_TRAIN)
+@click.option("--dataset", "datasets", multiple=True, required=True, type=click.Path(exists=True, dir_okay=False),
+              help="Dataset parquet (repeatable).")
+@click.option("--profile", "profile_id", required=True, help="Profile id or JSON path the dataset was built with.")
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="Artifact directory [artifacts/surrogates/<profile-id>/].")
+@click.option("--search", type=click.Choice(["reduced", "paper"]), default="reduced", show_default=True,
+              help="Hyper-parameter grids: the paper's Appendix B spaces (hours) or a reduced set.")
+@click.option("--models", default="rf,svm,knn", show_default=True, help="Models to tune and report (rf ships).")
+@click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--trials", type=click.IntRange(min=1), default=60, show_default=True,
+              help="Optuna trials per small tree.")
+@click.option("--penalty", type=click.FloatRange(min=0), default=1.0, show_default=True,
+              help="Complexity penalty: error points charged for a small tree using all 32 rules.")
+@click.option("--max-leaf-nodes", type=click.IntRange(min=2), default=2048, show_default=True,
+              help="Leaf bound of each shipped forest tree (artifact size, latency).")
+@click.option("--test-fraction", type=click.FloatRange(0.05, 0.5), default=0.2, show_default=True)
+@click.option("--real-runs", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Real-run CSV of the same profile to score against (real_runs_qwen.csv format).")
+@click.option("--json", "as_json", is_flag=True, help="Print the artifact metadata as JSON.")
+@user_errors
+def train(datasets, profile_id, out, search, models, jobs, trials, penalty, max_leaf_nodes, test_fraction,
+          real_runs, as_json) -> None:
+    """Train, evaluate, distil and compile the surrogates of one profile.
+
+    Tunes RF, SVM and KNN (HalvingGridSearchCV, 5-fold) for throughput and starvation, scores them
+    on held-out scenarios (and real runs), distils one tree of <= 32 rules per target with Optuna,
+    compiles the shipped forests and trees to numba arrays (checked bit-identical to scikit-learn)
+    and writes surrogate.npz + surrogate.json. Needs the 'train' extra.
+    """
+    from models.realruns import load_real_runs
+    from models.surrogate import surrogate_dir
+    from models.train import train_surrogates
+    from twin import load_profile
+
+    profile = load_profile(profile_id)
+    names = tuple(m.strip() for m in models.split(",") if m.strip())
+    unknown = sorted(set(names) - {"rf", "svm", "knn"})
+    if unknown:
+        raise click.BadParameter(f"unknown models {unknown}; choose from rf, svm, knn", param_hint="--models")
+    runs = load_real_runs(real_runs) if real_runs else None
+    out_dir = out or surrogate_dir(profile.profile_id)
+    log = (lambda _msg: None) if as_json else (lambda msg: click.echo(msg, err=True))
+    meta = train_surrogates(list(datasets), profile, out_dir, search=search, models=names, jobs=jobs, trials=trials,
+                            penalty=penalty, test_fraction=test_fraction, max_leaf_nodes=max_leaf_nodes,
+                            real_runs=runs, command="planner " + shlex.join(sys.argv[1:]), log=log)
+    if as_json:
+        print_json(meta)
+        return
+    click.echo(f"wrote {out_dir} ({meta['arrays_bytes'] / 1e6:.2f} MB of arrays)")

@@ -1,0 +1,92 @@
+"""Dataset builds: the paper grid, resumable and reproducible builds, memory-error rows, the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+pytest.importorskip("pyarrow")
+import pyarrow.parquet as pq
+
+from models.dataset import GridSpec, build_dataset, read_dataset, work_dir_for
+from planner.cli import main
+from twin import load_profile
+from twin.errors import BadInputError
+
+LLAMA = "h100-64gb-llama-3.1-8b"
+TINY = {"served": [2, 4], "a_max": [2, 4], "rates": [0.5, 0.2, 0.05], "rates_per_scenario": 2,
+        "ranks": [8, 16], "ranks_per_scenario": 1, "duration_s": 30.0}
+
+
+def test_paper_grid_is_the_studys():
+    pts = GridSpec.paper().points()
+    assert len(pts) == 66 * 120 * 10  # (served, A_max <= served) pairs x rate triples x rank triples
+    assert all(a <= s for s, a, _, _ in pts)
+    assert len({rc for _, _, rc, _ in pts}) == 120 and len({kc for _, _, _, kc in pts}) == 10
+    assert GridSpec.small().points() == GridSpec.small().points() and len(GridSpec.small().points()) == 300
+
+
+def test_resumed_build_equals_a_fresh_one(tmp_path):
+    prof = load_profile(LLAMA)
+    grid = GridSpec.from_dict({"name": "tiny", **TINY})
+    total = len(grid.points())
+    part = build_dataset(prof, grid, tmp_path / "a.parquet", limit=4, progress=False)
+    assert (part.done, part.complete) == (4, False) and work_dir_for(tmp_path / "a.parquet").is_dir()
+    assert pq.read_table(tmp_path / "a.parquet").num_rows == 4
+    rest = build_dataset(prof, grid, tmp_path / "a.parquet", jobs=2, progress=False)
+    assert (rest.done, rest.new_rows, rest.complete) == (total, total - 4, True)
+    assert not work_dir_for(tmp_path / "a.parquet").exists()
+    fresh = build_dataset(prof, grid, tmp_path / "b.parquet", progress=False)
+    a, b = pq.read_table(tmp_path / "a.parquet"), pq.read_table(fresh.out)
+    assert a.drop(["sim_wall_s"]).equals(b.drop(["sim_wall_s"]))
+    row = a.slice(0, 1).to_pylist()[0]
+    assert len(row["ranks"]) == row["served_adapters"] == len(row["rates_rps"]) and row["profile_id"] == LLAMA
+    ds = read_dataset([tmp_path / "a.parquet"])
+    assert len(ds) == total and np.all(ds.throughput > 0)
+
+
+def test_memory_errors_are_rows_not_simulations(tmp_path):
+    grid = GridSpec.from_dict({**TINY, "served": [128], "a_max": [128], "ranks": [32], "name": "oom"})
+    res = build_dataset(load_profile(LLAMA), grid, tmp_path / "m.parquet", progress=False)
+    t = pq.read_table(res.out).to_pydict()
+    assert res.memory_errors == res.done == 3 and all(t["memory_error"]) and set(t["sim_wall_s"]) == {0.0}
+    assert all(s is None for s in t["starved"])
+
+
+def test_a_work_dir_of_another_build_is_refused(tmp_path):
+    prof = load_profile(LLAMA)
+    out = tmp_path / "x.parquet"
+    build_dataset(prof, GridSpec.from_dict({"name": "a", **TINY}), out, limit=1, progress=False)
+    with pytest.raises(BadInputError, match="unfinished build"):
+        build_dataset(prof, GridSpec.from_dict({"name": "a", **TINY, "duration_s": 31.0}), out, progress=False)
+
+
+def test_ray_backend_without_ray_is_a_clear_error(tmp_path):
+    try:
+        import ray  # noqa: F401
+        pytest.skip("ray is installed")
+    except ImportError:
+        pass
+    with pytest.raises(BadInputError, match="pip install 'ray"):
+        build_dataset(load_profile(LLAMA), GridSpec.from_dict({"name": "a", **TINY}), tmp_path / "r.parquet",
+                      backend="ray", progress=False)
+
+
+def test_cli_build_with_a_grid_file_and_bad_grids(tmp_path):
+    grid = tmp_path / "grid.json"
+    grid.write_text(json.dumps(TINY))
+    out = tmp_path / "d.parquet"
+    res = CliRunner().invoke(main, ["dataset", "build", "--profile", LLAMA, "--grid", str(grid), "--out", str(out),
+                                    "--json"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.output)
+    assert summary["complete"] and summary["rows"] == len(GridSpec.from_dict(TINY | {"name": "g"}).points())
+    grid.write_text(json.dumps({**TINY, "ranks": [0]}))
+    res = CliRunner().invoke(main, ["dataset", "build", "--profile", LLAMA, "--grid", str(grid), "--out", str(out)])
+    assert res.exit_code == 2 and "positive integers" in res.output
+    grid.write_text(json.dumps({**TINY, "colour": 1}))
+    res = CliRunner().invoke(main, ["dataset", "build", "--profile", LLAMA, "--grid", str(grid), "--out", str(out)])
+    assert res.exit_code == 2 and "unknown grid keys" in res.output

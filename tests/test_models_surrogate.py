@@ -1,0 +1,94 @@
+"""Surrogates end to end on a small twin dataset: train, artifact, predictors, refusals."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("sklearn")
+pytest.importorskip("optuna")
+
+from models.dataset import GridSpec, build_dataset
+from models.features import FEATURES, feature_row
+from models.predictor import GpuScenario, default_predictor_kind, load_predictor
+from models.surrogate import METADATA_FILE, SurrogatePredictor, load_artifact
+from models.train import train_surrogates
+from twin import load_profile
+from twin.errors import InfeasibleError, ProfileError
+
+LLAMA = "h100-64gb-llama-3.1-8b"
+GRID = {"name": "unit", "served": [4, 8, 16], "a_max": [4, 8, 16], "rates": [3.2, 1.6, 0.8, 0.4, 0.1, 0.05, 0.025],
+        "ranks": [8, 16], "ranks_per_scenario": 2, "duration_s": 60.0, "max_scenarios": 160}
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory):
+    root = tmp_path_factory.mktemp("artifacts")
+    prof = load_profile(LLAMA)
+    ds = build_dataset(prof, GridSpec.from_dict(GRID), root / "d.parquet", jobs=2, progress=False)
+    out = root / "surrogates" / LLAMA
+    meta = train_surrogates([ds.out], prof, out, models=("rf", "knn"), trials=3, max_leaf_nodes=32,
+                            log=lambda _m: None)
+    return root, out, meta
+
+
+def scenario(n=6, rate=0.2, a_max=4, rank=8):
+    return GpuScenario(np.full(n, rank), np.full(n, rate), np.full(n, 220.0), np.full(n, 200.0), a_max)
+
+
+def test_metadata_reports_every_model_and_the_compiled_forests(artifact):
+    meta = artifact[2]
+    assert meta["features"] == list(FEATURES) and meta["profile_id"] == LLAMA
+    for target in ("throughput", "starved"):
+        assert {"rf", "knn", "small_tree"} <= meta["results"][target].keys()
+        assert meta["results"][target]["small_tree"]["rules"] <= 32
+    assert meta["compiled"]["small_starved"]["trees"] == 1
+    assert all(c["bit_identical_to_sklearn_on_held_out"] for c in meta["compiled"].values())
+    assert meta["results"]["throughput"]["rf"]["held_out"] < 60  # SMAPE %, a sanity bound on 160 rows
+
+
+def test_predictors_agree_between_single_and_batch_paths(artifact, monkeypatch):
+    root, out, _ = artifact
+    prof = load_profile(LLAMA)
+    for kind in ("surrogate", "small-tree"):
+        pred = SurrogatePredictor(prof, kind, out)
+        scs = [scenario(rate=r) for r in (0.01, 0.2, 3.0)] * 2
+        few = [pred.predict([sc]) for sc in scs]
+        many = pred.predict(scs)
+        assert np.array_equal(np.concatenate([p.throughput_tok_s for p in few]), many.throughput_tok_s)
+        assert np.array_equal(np.concatenate([p.starved for p in few]), many.starved)
+        assert np.allclose(many.arriving_tok_s, [sc.arriving_tok_s for sc in scs])
+    light, heavy = pred.predict([scenario(rate=0.01), scenario(n=16, rate=3.2, a_max=16)]).starved
+    assert not light and heavy
+    qwen = load_profile("h100-64gb-qwen2.5-7b")
+    monkeypatch.setenv("LORA_PLANNER_ARTIFACTS", str(root))  # surrogates/<id>/ under it
+    assert default_predictor_kind(prof) == "surrogate"
+    assert load_predictor(prof, "small-tree").kind == "small-tree"
+    assert default_predictor_kind(qwen) == "twin"
+
+
+def test_features_match_the_dataset_function():
+    sc = scenario(n=5, rate=0.3)
+    row = feature_row(sc.ranks, sc.rates_rps, sc.input_tokens, sc.output_tokens, 4, 8, 1000)
+    assert row[FEATURES.index("arriving_tok_s")] == pytest.approx(sc.arriving_tok_s)
+    assert row[FEATURES.index("std_rate")] == 0.0 and row[FEATURES.index("served_adapters")] == 5
+
+
+def test_refusals(artifact, tmp_path):
+    _, out, _ = artifact
+    prof = load_profile(LLAMA)
+    with pytest.raises(InfeasibleError, match="memory error"):
+        SurrogatePredictor(prof, "surrogate", out).predict([scenario(a_max=384, rank=32)])
+    with pytest.raises(ProfileError, match="trained for profile"):
+        load_artifact(load_profile("h100-64gb-qwen2.5-7b"), out)
+    with pytest.raises(ProfileError, match="no surrogate"):
+        load_artifact(prof, tmp_path)
+    for name in ("surrogate.npz", METADATA_FILE):
+        (tmp_path / name).write_bytes((out / name).read_bytes())
+    meta = json.loads((tmp_path / METADATA_FILE).read_text())
+    meta["features"] = meta["features"][:7]
+    (tmp_path / METADATA_FILE).write_text(json.dumps(meta))
+    with pytest.raises(ProfileError, match="uses features"):
+        load_artifact(prof, tmp_path)
