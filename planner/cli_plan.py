@@ -29,9 +29,10 @@ Example:
 
 
 def load_predictor_for(profile, kind: str):
-    from models.predictor import load_predictor
+    """``auto``: the profile's trained surrogate when one ships, else the twin (slow, exact)."""
+    from models.predictor import default_predictor_kind, load_predictor
 
-    return load_predictor(profile, "twin" if kind == "auto" else kind)
+    return load_predictor(profile, default_predictor_kind(profile) if kind == "auto" else kind)
 
 
 def _progress(k: int, n: int, name: str) -> None:
