@@ -155,8 +155,16 @@ async def run_load_async(base_url: str, requests: Requests, adapter_names: list[
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
 
+        async def all_done():
+            await dispatcher
+            while tasks:
+                await asyncio.wait(set(tasks))
+
         dispatcher = asyncio.create_task(dispatch())
-        await asyncio.sleep(max(0.0, end - loop.time()))
+        try:  # the run ends at the window's end, or earlier once every request is done
+            await asyncio.wait_for(all_done(), timeout=max(0.0, end - loop.time()))
+        except TimeoutError:
+            pass
         dispatcher.cancel()
         pending = list(tasks)
         for task in pending:

@@ -1,0 +1,211 @@
+"""``planner synth``, ``planner profile`` and ``planner validate``: measure real vLLM, fit and check a profile."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+import click
+
+from planner.cli_common import print_json, user_errors
+
+
+def _progress_bar(label: str):
+    """(report callback, bar) — a click progress bar, silent when stderr is not a terminal."""
+    state: dict = {}
+
+    def report(done: int, total: int, item: str) -> None:
+        if "bar" not in state:
+            if not sys.stderr.isatty():
+                state["bar"] = None
+            else:
+                state["bar"] = click.progressbar(length=total, label=label, file=sys.stderr,
+                                                 item_show_func=lambda _: item)
+                state["bar"].__enter__()
+        if state["bar"] is not None:
+            state["bar"].update(done - state["bar"].pos, item)
+            if done >= total:
+                state["bar"].__exit__(None, None, None)
+
+    return report
+
+
+def _command_line() -> str:
+    return "planner " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+
+@click.command()
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True, help="Directory to write.")
+@click.option("--shape", default="tiny", show_default=True,
+              help="Model shape: tiny, llama-3.1-8b, or a config.json / model directory to copy the shape of.")
+@click.option("--config-only", is_flag=True,
+              help="Write config.json + tokenizer only (serve with --load-format dummy).")
+@click.option("--adapter-ranks", default="8,16", show_default=True, help="Comma-separated ranks of the adapters.")
+@click.option("--adapters-per-rank", type=click.IntRange(min=0), default=1, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
+@user_errors
+def synth(out_dir, shape, config_only, adapter_ranks, adapters_per_rank, seed, as_json) -> None:
+    """Write a random-weight Llama model, its tokenizer and LoRA adapters, with no hub access.
+
+    Writes OUT/model (config.json, model.safetensors, tokenizer.json, tokenizer_config.json) and
+    OUT/adapters/r<RANK>-<i> (adapter_config.json, adapter_model.safetensors).
+
+    \b
+    Example:
+      planner synth --out work/tiny --adapter-ranks 8,16,32 --adapters-per-rank 2
+      planner synth --out work/llama8b --shape llama-3.1-8b --config-only --adapter-ranks 16
+    """
+    from serving_harness.synth import model_shape, write_adapters, write_model
+    from twin.errors import BadInputError
+
+    try:
+        ranks = [int(r) for r in adapter_ranks.split(",") if r.strip()]
+    except ValueError:
+        raise BadInputError(f"--adapter-ranks must be comma-separated integers (got {adapter_ranks!r})") from None
+    model_shape_ = model_shape(shape)
+    model = write_model(Path(out_dir) / "model", model_shape_, seed, weights=not config_only)
+    names = {f"r{r}-{i}": r for r in ranks for i in range(adapters_per_rank)}
+    adapters = write_adapters(Path(out_dir) / "adapters", model_shape_, names, str(model), seed)
+    result = {"model": str(model), "weights": not config_only, "adapters": {k: str(v) for k, v in adapters.items()}}
+    if as_json:
+        print_json(result)
+    else:
+        click.echo(f"model: {model}{'' if not config_only else ' (config only: --load-format dummy)'}")
+        for name, path in adapters.items():
+            click.echo(f"adapter {name}: {path}")
+
+
+def _int_list(value: str, flag: str) -> tuple[int, ...]:
+    from twin.errors import BadInputError
+
+    try:
+        items = tuple(int(x) for x in value.split(",") if x.strip())
+    except ValueError:
+        raise BadInputError(f"{flag} must be comma-separated integers (got {value!r})") from None
+    if not items or any(x <= 0 for x in items):
+        raise BadInputError(f"{flag} must list positive integers (got {value!r})")
+    return items
+
+
+@click.command()
+@click.option("--engine", "device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+@click.option("--model", "model_dir", type=click.Path(exists=True, file_okay=False), required=True,
+              help="Model directory (from `planner synth`, a real model, or a config-only dir with --load-format dummy).")
+@click.option("--out", type=click.Path(dir_okay=False), required=True, help="Profile JSON to write.")
+@click.option("--id", "profile_id", default=None, help="Profile id [default: the --out file name].")
+@click.option("--work-dir", type=click.Path(file_okay=False), default=None,
+              help="Raw measurements, logs, adapters; rerunning resumes [default: profile-work/ID].")
+@click.option("--kv-cache-bytes", type=click.IntRange(min=1), default=4 << 20, show_default=True,
+              help="Explicit KV cache size (--kv-cache-memory-bytes); 0 is not allowed on CPU.")
+@click.option("--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True), default=None,
+              help="CUDA: let vLLM size the KV cache from this fraction instead of --kv-cache-bytes.")
+@click.option("--ranks", default="8,16,32", show_default=True, help="max_lora_rank values to profile.")
+@click.option("--a-max-points", default="1,8,32", show_default=True, help="--max-loras values of the KV grid.")
+@click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=512, show_default=True)
+@click.option("--max-num-seqs", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--max-model-len", type=click.IntRange(min=1), default=2048, show_default=True)
+@click.option("--load-format", default="auto", show_default=True, help="vLLM --load-format (dummy: no weights).")
+@click.option("--gpu", type=click.IntRange(min=0), default=None, help="CUDA device index (CUDA_VISIBLE_DEVICES).")
+@click.option("--calibration-cases", type=click.IntRange(min=0), default=10, show_default=True,
+              help="Poisson workloads the step latency is calibrated on (0: micro-benchmarks only).")
+@click.option("--duration", type=click.FloatRange(min=1), default=30.0, show_default=True,
+              help="Seconds of arrivals per calibration workload.")
+@click.option("--warmup", type=click.FloatRange(min=0), default=5.0, show_default=True)
+@click.option("--python", "python", default=None, help="Python that has vLLM [default: this one].")
+@click.option("--json", "as_json", is_flag=True, help="Print the profile JSON.")
+@user_errors
+def profile(device, model_dir, out, profile_id, work_dir, kv_cache_bytes, gpu_memory_utilization, ranks,
+            a_max_points, max_num_batched_tokens, max_num_seqs, max_model_len, load_format, gpu,
+            calibration_cases, duration, warmup, python, as_json) -> None:
+    """Measure vLLM serving MODEL and fit a twin profile (KV capacity, step latency, LoRA, loads).
+
+    Starts one engine per experiment group (about 20 start-ups with the defaults), saves each
+    experiment's raw result under --work-dir as it completes (rerun to resume), fits every term,
+    calibrates the step latency on --calibration-cases Poisson workloads and writes the profile to
+    --out. Takes about 30 minutes on 2 CPU cores with the tiny model.
+
+    \b
+    Example:
+      planner synth --out work/tiny --adapters-per-rank 0
+      planner profile --engine cpu --model work/tiny/model --out artifacts/profiles/my-cpu.json
+    """
+    from serving_harness.profiling import Profiler, ProfileSpec, Progress, profile_engine
+
+    profile_id = profile_id or Path(out).stem
+    work = Path(work_dir) if work_dir else Path("profile-work") / profile_id
+    rank_list = _int_list(ranks, "--ranks")
+    spec = ProfileSpec(
+        profile_id=profile_id, model_dir=str(Path(model_dir)), device=device, gpu=gpu,
+        load_format=load_format, kv_cache_bytes=None if gpu_memory_utilization else kv_cache_bytes,
+        gpu_memory_utilization=gpu_memory_utilization, max_num_batched_tokens=max_num_batched_tokens,
+        max_num_seqs=max_num_seqs, max_model_len=max_model_len, lora_ranks=rank_list,
+        a_max_points=_int_list(a_max_points, "--a-max-points"),
+        latency_rank=16 if 16 in rank_list else rank_list[0],
+    )
+    progress = Progress(len(Profiler(spec, work).experiment_names()) + calibration_cases, _progress_bar("profiling"))
+    result = profile_engine(spec, work, out, _command_line(), python, progress, calibration_cases, duration, warmup)
+    if as_json:
+        print_json(result)
+        return
+    lat = result["step_latency_ms"]
+    click.echo(f"wrote {out}: KV {result['kv_capacity']['no_lora_tokens']} tokens (no LoRA); step ms = "
+               f"{lat['k5_ms']:.3f} + {lat['k4_ms_per_request']:.4f}*B + {lat['kp_ms_per_prompt_token']:.5f}*P "
+               f"+ [A_B>0]({lat['l0_ms']:.3f} + {lat['l1_ms_per_request']:.4f}*B + {lat['l2_ms_per_adapter']:.4f}*A_B)")
+
+
+@click.command()
+@click.option("--profile", "profile_id", required=True, help="Profile id or JSON path to check.")
+@click.option("--model", "model_dir", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Model directory [default: the one the profile was measured with].")
+@click.option("--cases", type=click.IntRange(min=1), default=32, show_default=True, help="Number of workloads.")
+@click.option("--duration", type=click.FloatRange(min=1), default=30.0, show_default=True,
+              help="Seconds of arrivals per workload.")
+@click.option("--warmup", type=click.FloatRange(min=0), default=5.0, show_default=True,
+              help="Seconds excluded from the measurement window.")
+@click.option("--seed", type=int, default=2024, show_default=True, help="Seed of the workload set.")
+@click.option("--work-dir", type=click.Path(file_okay=False), default=None,
+              help="Per-case results, request/metric parquet, logs; rerun resumes [default: validation-work/ID].")
+@click.option("--out-dir", type=click.Path(file_okay=False), default=None,
+              help="table.json, table.csv, twin_vs_real.png [default: artifacts/validation/ID].")
+@click.option("--python", "python", default=None, help="Python that has vLLM [default: this one].")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@user_errors
+def validate(profile_id, model_dir, cases, duration, warmup, seed, work_dir, out_dir, python, as_json) -> None:
+    """Run workloads the profile was not fitted on, on real vLLM and in the twin, and compare.
+
+    Each workload (Poisson arrivals, skewed per-adapter rates, 1-8 GPU slots, light to overloaded)
+    runs on a real engine and through the twin with the very same requests; the table gives
+    throughput / ITL / TTFT SMAPE (100·mean(2|p−r|/(|p|+|r|))) per regime and starved agreement.
+
+    \b
+    Example:
+      planner validate --profile cpu-2core-tiny-llama --model work/tiny/model --cases 32
+    """
+    from serving_harness.validation import Validator, report
+    from twin.errors import BadInputError
+    from twin.profile import artifacts_dir, load_profile
+
+    prof = load_profile(profile_id)
+    model = model_dir or prof.model.get("path")
+    if not model or not Path(model).is_dir():
+        raise BadInputError(f"model directory {model!r} not found; pass --model (e.g. from `planner synth`)")
+    work = Path(work_dir) if work_dir else Path("validation-work") / prof.profile_id
+    out = Path(out_dir) if out_dir else artifacts_dir() / "validation" / prof.profile_id
+    validator = Validator(prof, str(Path(model)), work, duration, warmup, python, _progress_bar("validating"))
+    rows = validator.compare(validator.run(validator.workload_set(cases, seed)))
+    summary = report(rows, out, prof.profile_id, {
+        "command": _command_line(), "duration_s": duration, "warmup_s": warmup, "seed": seed,
+        "window_convention": "arrivals over [0, duration); requests finished in [warmup, duration] count",
+        "smape": "100*mean(2|twin-real|/(|twin|+|real|))",
+    })
+    if as_json:
+        print_json(summary)
+        return
+    click.echo(f"{summary['cases']} workloads ({summary['real_starved']} starved in reality); "
+               f"starved agreement {summary['starved_agreement_pct']:.1f} %")
+    for name in ("throughput", "itl", "ttft"):
+        click.echo(f"  {name:10s} SMAPE all {summary[f'{name}_smape_pct_all']:6.2f} %  starved "
+                   f"{summary[f'{name}_smape_pct_starved']:6.2f} %  not starved {summary[f'{name}_smape_pct_not_starved']:6.2f} %")
+    click.echo(f"wrote {out}/table.json, table.csv, twin_vs_real.png")

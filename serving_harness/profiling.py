@@ -1,0 +1,461 @@
+"""Measure one (hardware, model, engine) triple on real vLLM and fit a twin profile from it.
+
+The experiments (each saved as ``<work_dir>/raw/<name>.json`` when it completes; a rerun skips
+finished ones, so an interrupted profile resumes) are the smallest set that fixes every profile term:
+
+* ``kv-a<A>-r<R>``: start-up only. T_max = ``num_gpu_blocks × block_size`` from
+  ``vllm:cache_config_info`` for each (A_max, max_lora_rank) of the grid, or the start-up failure
+  (memory errors are what makes a grid point infeasible). ``kv-nolora``: the same without LoRA.
+* ``backbone``: B simultaneous base-model requests (short prompt, equal outputs) per batch size, once
+  with short and once with long outputs; the makespan difference per extra token is the step time
+  of B decodes → k4, k5.
+* ``prefill``: one request at a time with prompts of P tokens; TTFT's slope in P → kp.
+* ``lora``: the same with the B requests spread over A_B adapters (A_B ≤ A_max); the step time above
+  the backbone's → the additive LoRA term l0 + l1·B + l2·A_B (k6 = 0, k7 = 100).
+* ``load-r<R>``: ``--max-loras 1``; single requests alternating between two adapters of rank r
+  (each request swaps the GPU slot) against requests repeating one adapter: the TTFT difference is
+  the slot activation (load) latency for (max_lora_rank R, adapter rank r).
+* ``sched-r<R>``: ``--max-loras 1``; a few running requests of one adapter while W requests of
+  another adapter wait (each step's waiting scan skips them all): ITL slope in W → k2.
+
+Every experiment drives the server through the same load generator and streaming API as real
+workloads, so the fitted step time includes the API server's and the client's share of the CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from serving_harness.engine import Engine, EngineConfig, StartResult
+from serving_harness.loadgen import RunRecords, run_load
+from serving_harness.metrics import cache_config, parse_prometheus
+from serving_harness.synth import model_shape, write_adapters
+from twin.atomic import write_json_atomic
+from twin.errors import BadInputError
+from twin.profile import SCHEMA_VERSION, profile_from_dict, step_latency_to_dict
+from twin.workload import Adapter, Workload, trace_requests
+
+
+@dataclass(frozen=True)
+class ProfileSpec:
+    """What to measure: the engine settings and the experiment grid."""
+
+    profile_id: str
+    model_dir: str
+    device: str = "cpu"
+    gpu: int | None = None
+    load_format: str = "auto"
+    kv_cache_bytes: int | None = 4 << 20
+    gpu_memory_utilization: float | None = None
+    max_num_batched_tokens: int = 512
+    max_num_seqs: int = 64
+    max_model_len: int = 2048
+    lora_ranks: tuple[int, ...] = (8, 16, 32)
+    a_max_points: tuple[int, ...] = (1, 8, 32)
+    latency_rank: int = 16  # max_lora_rank of the latency experiments' engine
+    latency_a_max: int = 8
+    batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 48)
+    adapter_counts: tuple[int, ...] = (1, 2, 4, 8)
+    lora_batch_sizes: tuple[int, ...] = (8, 16, 32)
+    prompt_lengths: tuple[int, ...] = (16, 128, 256, 512)
+    waiting_counts: tuple[int, ...] = (0, 64, 256)
+    decode_tokens: int = 80
+    repeats: int = 5
+    default_input_tokens: float = 128.0
+    default_output_tokens: float = 32.0
+
+    def __post_init__(self):
+        if self.latency_rank not in self.lora_ranks:
+            raise BadInputError(f"latency rank {self.latency_rank} must be one of the profiled ranks {self.lora_ranks}")
+        if max(self.adapter_counts) > self.latency_a_max:
+            raise BadInputError("adapter counts of the LoRA experiment must not exceed its A_max")
+
+
+@dataclass
+class Progress:
+    """Calls ``report(done, total, label)`` as experiments finish (the CLI draws a bar with it)."""
+
+    total: int
+    report: Callable[[int, int, str], None] = lambda done, total, label: None
+    done: int = 0
+
+    def step(self, label: str) -> None:
+        self.done += 1
+        self.report(self.done, self.total, label)
+
+
+def _single_burst(names_and_lengths: list[tuple[str, int, int]], arrivals: list[float]):
+    """A trace of requests (adapter name, input tokens, output tokens) at the given times."""
+    names = sorted({n for n, _, _ in names_and_lengths})
+    workload = Workload(tuple(Adapter(n, 1, 0.0) for n in names))
+    return trace_requests(workload, arrivals, [n for n, _, _ in names_and_lengths],
+                          [i for _, i, _ in names_and_lengths], [o for _, _, o in names_and_lengths]), names
+
+
+def run_trace(base_url: str, items: list[tuple[str, int, int]], arrivals: list[float], vocab_size: int,
+              timeout_s: float = 300.0) -> RunRecords:
+    """Send a small trace and wait for every request (up to ``timeout_s``)."""
+    requests, names = _single_burst(items, arrivals)
+    window = max(arrivals) + 1e-3
+    return run_load(base_url, requests, names, window, vocab_size=vocab_size, drain_s=timeout_s)
+
+
+def decode_itl_ms(records: RunRecords, rows: np.ndarray | None = None) -> float:
+    """Mean inter-token latency (ms) over the decode of ``rows`` (all finished requests by default)."""
+    ok = records.error == ""
+    if rows is not None:
+        ok &= rows
+    if not ok.any():
+        raise RuntimeError(f"no request finished: {set(records.error.tolist())}")
+    gaps = (records.output_tokens[ok] - 1).sum()
+    return float((records.finish_s[ok] - records.first_token_s[ok]).sum() / gaps * 1000.0)
+
+
+class Profiler:
+    """Runs the experiments of a :class:`ProfileSpec` under ``work_dir`` and fits the profile."""
+
+    def __init__(self, spec: ProfileSpec, work_dir: str | os.PathLike, python: str | None = None,
+                 progress: Progress | None = None):
+        self.spec = spec
+        self.work = Path(work_dir)
+        self.raw = self.work / "raw"
+        self.python = python
+        self.shape = model_shape(spec.model_dir)
+        self.progress = progress
+
+    # ------------------------------------------------------------------------------------------
+    # Engines and adapters
+
+    def adapters(self, rank: int, count: int) -> dict[str, str]:
+        """``count`` synthetic adapters of ``rank`` under the work dir (made once)."""
+        names = {f"r{rank}-{i}": rank for i in range(count)}
+        root = self.work / "adapters"
+        missing = {n: r for n, r in names.items() if not (root / n / "adapter_config.json").is_file()}
+        if missing:
+            write_adapters(root, self.shape, missing, base_model=self.spec.model_dir, seed=rank * 1000)
+        return {n: str(root / n) for n in names}
+
+    def engine_config(self, a_max: int, max_lora_rank: int, adapters: dict[str, str],
+                      enable_lora: bool = True) -> EngineConfig:
+        s = self.spec
+        return EngineConfig(
+            model=s.model_dir, served_model_name="base", adapters=tuple(adapters.items()), enable_lora=enable_lora,
+            max_loras=a_max, max_lora_rank=max_lora_rank, max_cpu_loras=max(a_max, len(adapters)),
+            max_num_batched_tokens=s.max_num_batched_tokens, max_num_seqs=s.max_num_seqs,
+            max_model_len=s.max_model_len, kv_cache_bytes=s.kv_cache_bytes,
+            gpu_memory_utilization=s.gpu_memory_utilization, device=s.device, gpu=s.gpu, load_format=s.load_format,
+        )
+
+    def _engine(self, config: EngineConfig, name: str) -> Engine:
+        kwargs = {"python": self.python} if self.python else {}
+        return Engine(config, self.work / "logs" / f"{name}.log", **kwargs)
+
+    def _done(self, name: str) -> dict | None:
+        path = self.raw / f"{name}.json"
+        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+    def _save(self, name: str, result: dict) -> dict:
+        write_json_atomic(self.raw / f"{name}.json", result)
+        if self.progress:
+            self.progress.step(name)
+        return result
+
+    def _with_engine(self, name: str, config: EngineConfig, experiments: dict[str, Callable[[str], dict]]):
+        """Start one engine if any of ``experiments`` (name → fn(base_url)) is unfinished; run those."""
+        todo = {k: fn for k, fn in experiments.items() if self._done(k) is None}
+        if not todo:
+            return
+        with self._engine(config, name) as engine:
+            started = engine.start()
+            if not started.ok:
+                raise RuntimeError(f"engine {name} did not start ({started.status}): {started.message}")
+            for key, fn in todo.items():
+                self._save(key, fn(engine.base_url))
+
+    # ------------------------------------------------------------------------------------------
+    # Experiments
+
+    def experiment_names(self) -> list[str]:
+        s = self.spec
+        names = ["kv-nolora", *(f"kv-a{a}-r{r}" for r in s.lora_ranks for a in s.a_max_points)]
+        names += ["backbone", "prefill", "lora"]
+        names += [f"load-r{r}" for r in s.lora_ranks] + [f"sched-r{s.latency_rank}"]
+        return names
+
+    def kv_point(self, name: str, config: EngineConfig) -> dict:
+        if (done := self._done(name)) is not None:
+            return done
+        with self._engine(config, name) as engine:
+            started = engine.start()
+            row = {"a_max": config.max_loras, "max_lora_rank": config.max_lora_rank, "enable_lora": config.enable_lora,
+                   **_start_fields(started)}
+            if started.ok:
+                with _urlopen(f"{engine.base_url}/metrics") as r:
+                    cc = cache_config(parse_prometheus(r.read().decode()))
+                row.update(block_size=int(cc["block_size"]), num_gpu_blocks=int(cc["num_gpu_blocks"]),
+                           kv_tokens=int(cc["num_gpu_blocks"]) * int(cc["block_size"]))
+        return self._save(name, row)
+
+    def step_ms(self, base_url: str, models: list[str]) -> float:
+        """Decode step time (ms) of a batch of ``len(models)`` requests: the makespan difference of two
+        simultaneous bursts that differ only in output length, per extra token. Robust to the API
+        server merging streamed tokens and to fixed per-request costs (HTTP, prefill)."""
+        s, n = self.spec, len(models)
+        short, long_ = s.decode_tokens // 3, s.decode_tokens
+        spans = []
+        for out in (short, long_):
+            rec = run_trace(base_url, [(m, 16, out) for m in models], [0.0] * n, self.shape.vocab_size)
+            if not np.all(rec.error == ""):
+                raise RuntimeError(f"step-time burst failed: {sorted(set(rec.error.tolist()))}")
+            spans.append(float(np.max(rec.finish_s) - np.min(rec.sent_s)))
+        return (spans[1] - spans[0]) / (long_ - short) * 1000.0
+
+    def backbone(self, base_url: str) -> dict:
+        s, rows = self.spec, []
+        for _ in range(max(1, s.repeats // 2)):
+            for b in s.batch_sizes:
+                rows.append({"batch": b, "step_ms": self.step_ms(base_url, ["base"] * b)})
+        return {"rows": rows, "prompt_tokens": 16, "output_tokens": [s.decode_tokens // 3, s.decode_tokens],
+                "method": "makespan difference of equal bursts with short and long outputs"}
+
+    def prefill(self, base_url: str) -> dict:
+        s, rows = self.spec, []
+        for _ in range(s.repeats):
+            for p in s.prompt_lengths:
+                rec = run_trace(base_url, [("base", p, 2)], [0.0], self.shape.vocab_size)
+                rows.append({"prompt_tokens": p, "ttft_ms": float((rec.first_token_s[0] - rec.sent_s[0]) * 1000.0)})
+        return {"rows": rows}
+
+    def lora(self, base_url: str, names: list[str]) -> dict:
+        s, rows = self.spec, []
+        for _ in range(max(1, s.repeats // 2)):
+            for b in s.lora_batch_sizes:
+                for a in s.adapter_counts:
+                    step = self.step_ms(base_url, [names[i % a] for i in range(b)])
+                    rows.append({"batch": b, "adapters": a, "step_ms": step})
+        return {"rows": rows, "method": "as backbone, requests spread round-robin over the adapters"}
+
+    def load(self, base_url: str, by_rank: dict[int, list[str]]) -> dict:
+        """TTFT of alternating vs repeated adapters with one GPU slot, per adapter rank."""
+        rows = []
+        for rank, (x, y) in by_rank.items():
+            for pattern, seq in (("same", [x, x] * 10), ("alternate", [x, y] * 10)):
+                ttft = []
+                for name in seq:
+                    rec = run_trace(base_url, [(name, 16, 2)], [0.0], self.shape.vocab_size)
+                    ttft.append(float((rec.first_token_s[0] - rec.sent_s[0]) * 1000.0))
+                rows.append({"adapter_rank": rank, "pattern": pattern, "ttft_ms": ttft[2:]})
+        return {"rows": rows}
+
+    def sched(self, base_url: str, x: str, y: str) -> dict:
+        """ITL of 4 running requests of ``x`` while W requests of ``y`` wait behind max_loras=1."""
+        s, rows = self.spec, []
+        for _ in range(max(1, s.repeats // 2)):
+            for w in s.waiting_counts:
+                items = [(x, 16, 64)] * 4 + [(y, 16, 1)] * w
+                arrivals = [0.0] * 4 + [0.3] * w
+                rec = run_trace(base_url, items, arrivals, self.shape.vocab_size)
+                running = np.zeros(len(rec), bool)
+                running[rec.adapter == x] = True
+                rows.append({"waiting": w, "itl_ms": decode_itl_ms(rec, running)})
+        return {"rows": rows}
+
+    def run(self) -> dict[str, dict]:
+        """Run every unfinished experiment; return name → raw result."""
+        s = self.spec
+        self.raw.mkdir(parents=True, exist_ok=True)
+        self.kv_point("kv-nolora", self.engine_config(1, s.latency_rank, {}, enable_lora=False))
+        for r in s.lora_ranks:
+            for a in s.a_max_points:
+                self.kv_point(f"kv-a{a}-r{r}", self.engine_config(a, r, self.adapters(r, 1)))
+        lat_adapters = self.adapters(s.latency_rank, max(s.adapter_counts))
+        lat_names = list(lat_adapters)
+        self._with_engine("latency", self.engine_config(s.latency_a_max, s.latency_rank, lat_adapters), {
+            "backbone": self.backbone, "prefill": self.prefill, "lora": lambda url: self.lora(url, lat_names)})
+        for r in s.lora_ranks:
+            pairs = {ar: list(self.adapters(ar, 2)) for ar in s.lora_ranks if ar <= r}
+            adapters = {n: p for ar in pairs for n, p in self.adapters(ar, 2).items()}
+            experiments = {f"load-r{r}": lambda url, pairs=pairs: self.load(url, pairs)}
+            if r == s.latency_rank:
+                x, y = pairs[r]
+                experiments[f"sched-r{r}"] = lambda url, x=x, y=y: self.sched(url, x, y)
+            self._with_engine(f"slot1-r{r}", self.engine_config(1, r, adapters), experiments)
+        return {name: self._done(name) for name in self.experiment_names()}
+
+
+def _start_fields(started: StartResult) -> dict:
+    return {"status": started.status, "message": started.message, "startup_s": round(started.startup_s, 2)}
+
+
+def _urlopen(url: str):
+    import urllib.request
+
+    return urllib.request.urlopen(url, timeout=10)
+
+
+# ----------------------------------------------------------------------------------------------
+# Fitting
+
+
+def _ols(columns: list[np.ndarray], y: np.ndarray) -> np.ndarray:
+    x = np.column_stack(columns)
+    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+    return coef
+
+
+def fit_profile(spec: ProfileSpec, raw: dict[str, dict], provenance: dict, description: str = "") -> dict:
+    """The profile JSON (twin/profile.py schema) fitted from the raw experiment results."""
+    bb = raw["backbone"]["rows"]
+    b = np.array([r["batch"] for r in bb], float)
+    k4, k5 = _ols([b, np.ones_like(b)], np.array([r["step_ms"] for r in bb]))
+    pf = raw["prefill"]["rows"]
+    kp = float(np.polyfit([r["prompt_tokens"] for r in pf], [r["ttft_ms"] for r in pf], 1)[0])
+    lr = raw["lora"]["rows"]
+    lb = np.array([r["batch"] for r in lr], float)
+    la = np.array([r["adapters"] for r in lr], float)
+    resid = np.array([r["step_ms"] for r in lr]) - (k5 + k4 * lb)
+    l0, l1, l2 = _ols([np.ones_like(lb), lb, la], resid)
+
+    kv_rows = {name: raw[name] for name in raw if name.startswith("kv-a")}
+    tokens: dict[str, list[int | None]] = {}
+    failures: dict[str, str] = {}
+    for r in spec.lora_ranks:
+        cells = [kv_rows[f"kv-a{a}-r{r}"] for a in spec.a_max_points]
+        tokens[str(r)] = [c.get("kv_tokens") if c["status"] == "ok" else None for c in cells]
+        failed = [f"A_max {c['a_max']}: {c['status']}: {c['message']}" for c in cells if c["status"] != "ok"]
+        if failed:
+            failures[str(r)] = "; ".join(failed)
+    block_size = next(c["block_size"] for c in kv_rows.values() if c["status"] == "ok")
+
+    load: dict[str, dict[str, float]] = {}
+    for r in spec.lora_ranks:
+        by_adapter: dict[str, float] = {}
+        rows = raw[f"load-r{r}"]["rows"]
+        for ar in sorted({row["adapter_rank"] for row in rows}):
+            med = {row["pattern"]: float(np.median(row["ttft_ms"])) for row in rows if row["adapter_rank"] == ar}
+            # Clipped at 1 µs: a swap cheaper than the TTFT noise is still a (tiny) positive cost.
+            by_adapter[str(ar)] = max(1e-3, med["alternate"] - med["same"])
+        load[str(r)] = by_adapter
+    sched_rows = raw[f"sched-r{spec.latency_rank}"]["rows"]
+    k2_ms = float(np.polyfit([r["waiting"] for r in sched_rows], [r["itl_ms"] for r in sched_rows], 1)[0])
+
+    profile = {
+        "schema_version": SCHEMA_VERSION, "profile_id": spec.profile_id,
+        "description": description,
+        "hardware": provenance["machine"], "model": {"path": spec.model_dir, **asdict(model_shape(spec.model_dir))},
+        "engine": {
+            "version": provenance["vllm_version"], "block_size": block_size,
+            "max_num_batched_tokens": spec.max_num_batched_tokens, "max_num_seqs": spec.max_num_seqs,
+            "max_model_len": spec.max_model_len, "chunked_prefill": True, "prefix_caching": False,
+            "kv_cache_bytes": spec.kv_cache_bytes, "device": spec.device,
+        },
+        "kv_capacity": {"no_lora_tokens": raw["kv-nolora"]["kv_tokens"], "a_max_points": list(spec.a_max_points),
+                        "tokens": tokens, "failures": failures},
+        "step_latency_ms": {
+            "k4_ms_per_request": max(0.0, float(k4)), "k5_ms": max(0.0, float(k5)),
+            "kp_ms_per_prompt_token": max(0.0, kp), "k6_pct_per_adapter": 0.0, "k7_pct": 100.0,
+            "l0_ms": float(l0), "l1_ms_per_request": float(l1), "l2_ms_per_adapter": float(l2),
+            "source": "k4,k5: OLS of the decode step time on batch size (backbone); kp: TTFT slope in prompt "
+                      "tokens (prefill); l0..l2: OLS of the step time above the backbone on (batch, distinct "
+                      "adapters) (lora)",
+        },
+        "scheduler_overhead_us": {
+            "k1_us_per_running": 0.0, "k2_us_per_waiting": max(0.0, k2_ms * 1000.0),
+            "k3_us_per_waiting_x_amax_over_a": 0.0, "intercept_us": 0.0,
+            "source": f"k2: ITL slope in LoRA-blocked waiting requests (sched-r{spec.latency_rank}); "
+                      "k1 is inside k4 (the backbone ITL includes the scheduler's per-running-request cost)",
+        },
+        "adapter_load_ms": {"by_max_lora_rank": load,
+                            "source": "median TTFT of alternating minus repeated adapters with --max-loras 1"},
+        "defaults": {"input_tokens": spec.default_input_tokens, "output_tokens": spec.default_output_tokens},
+        "provenance": provenance,
+    }
+    profile_from_dict(profile, where=f"fitted profile {spec.profile_id}")  # validates
+    return profile
+
+
+def machine_facts() -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"accelerator": "none (CPU)", "cpu": cpu, "nproc": os.cpu_count(), "platform": platform.platform()}
+
+
+def vllm_version(python: str | None) -> str:
+    import subprocess
+    import sys
+
+    out = subprocess.run([python or sys.executable, "-c", "import vllm; print(vllm.__version__)"],
+                         capture_output=True, text=True, timeout=120, check=False)
+    return out.stdout.strip().splitlines()[-1] if out.returncode == 0 and out.stdout.strip() else "unknown"
+
+
+#: Seed of the calibration workloads (``planner validate`` defaults to another one: held-apart sets).
+CALIBRATION_SEED = 7
+
+
+def calibrate_fitted(profile: dict, spec: ProfileSpec, work_dir: Path, cases: int, duration_s: float,
+                     warmup_s: float, python: str | None, progress: Progress | None) -> dict:
+    """Run ``cases`` calibration workloads and rescale the fitted step latency to them (see calibration.py)."""
+    from serving_harness.calibration import calibrate, load_runs, scaled
+    from serving_harness.validation import Validator
+
+    micro = profile_from_dict(profile, where=f"fitted profile {spec.profile_id}")
+    report = (lambda done, total, label: progress.step(f"calibration {label}")) if progress else None
+    validator = Validator(micro, spec.model_dir, work_dir / "calibration", duration_s, warmup_s, python,
+                          **({"report_progress": report} if report else {}))
+    workloads = validator.workload_set(cases, CALIBRATION_SEED)
+    validator.run(workloads)
+    runs = load_runs(work_dir / "calibration", [c.case_id for c in workloads])
+    theta, before, after = calibrate(micro, runs, duration_s, warmup_s)
+    fixed, per_request, prefill = np.exp(theta)
+    calibrated = scaled(micro.step_latency, theta, source=(
+        f"micro-benchmark fit ({micro.step_latency.source}) scaled by {fixed:.3f} (k5, l0), {per_request:.3f} "
+        f"(k4, l1), {prefill:.3f} (kp) to {cases} calibration workloads (serving_harness/calibration.py)"))
+    return {
+        **profile,
+        "step_latency_ms": step_latency_to_dict(calibrated),
+        "step_latency_variants": {"microbenchmarks": profile["step_latency_ms"]},
+        "provenance": {**profile["provenance"], "calibration": {
+            "workloads": cases, "seed": CALIBRATION_SEED, "duration_s": duration_s, "warmup_s": warmup_s,
+            "runs": str(work_dir / "calibration"), "scales": {"fixed": fixed, "per_request": per_request,
+                                                              "prefill": prefill},
+            "loss_before": before, "loss_after": after}},
+    }
+
+
+def profile_engine(spec: ProfileSpec, work_dir: str | os.PathLike, out: str | os.PathLike, command: str,
+                   python: str | None = None, progress: Progress | None = None, calibration_cases: int = 10,
+                   duration_s: float = 30.0, warmup_s: float = 5.0) -> dict:
+    """Run (or resume) the experiments, fit, calibrate, and write the profile JSON to ``out``."""
+    profiler = Profiler(spec, work_dir, python, progress)
+    raw = profiler.run()
+    version = vllm_version(python)
+    provenance = {
+        "kind": "measured", "machine": machine_facts(), "vllm_version": version,
+        "date": time.strftime("%Y-%m-%d"), "command": command, "raw_measurements": str(Path(work_dir) / "raw"),
+        "spec": asdict(spec),
+        "notes": "On CPU the KV cache has an explicit size (--kv-cache-memory-bytes): LoRA slots do not take "
+                 "from it, so T_max does not depend on A_max x max_lora_rank (measured per grid point).",
+    }
+    description = f"{Path(spec.model_dir).name} on {spec.device} ({provenance['machine']['cpu']}), vLLM {version}"
+    profile = fit_profile(spec, raw, provenance, description)
+    if calibration_cases:
+        profile = calibrate_fitted(profile, spec, Path(work_dir), calibration_cases, duration_s, warmup_s, python,
+                                   progress)
+    profile_from_dict(profile, where=str(out))
+    write_json_atomic(out, profile)
+    return profile

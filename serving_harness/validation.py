@@ -1,0 +1,304 @@
+"""Twin vs real vLLM on workloads the profile was not fitted on.
+
+:func:`validation_cases` draws a set of Poisson workloads (adapters, ranks, skewed rates, lengths,
+A_max) whose offered load spans light to overloaded, sized with the twin's own saturation estimate
+so that some starve and some do not; with a small KV cache some are memory-limited (preemptions).
+Each case runs on a real engine (one engine per (A_max, max_lora_rank), serving a pool of
+synthetic adapters) and through the twin with the very same requests (trace replay), under the same
+window convention: arrivals over [0, duration), measurement window [warmup, duration], requests
+unfinished at ``duration`` not counted. Each case's result is saved as it completes (a rerun
+resumes); :func:`report` writes the table (JSON + CSV) and a PNG of twin vs real.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import io
+import json
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from serving_harness.calibration import load_runs, twin_result
+from serving_harness.engine import Engine, EngineConfig
+from serving_harness.loadgen import measure, run_load, summarise
+from serving_harness.metrics import fetch_samples, series_values
+from serving_harness.synth import model_shape, write_adapters
+from twin.atomic import write_bytes_atomic, write_json_atomic, write_text_atomic
+from twin.errors import BadInputError
+from twin.profile import Profile
+from twin.simulate import SimConfig, simulate
+from twin.workload import Adapter, LengthModel, Workload, draw_requests
+
+#: (A_max, max_lora_rank) engine groups the cases are spread over.
+ENGINE_GROUPS = ((1, 16), (2, 8), (4, 16), (8, 32), (4, 32))
+POOL_PER_RANK = 12
+
+
+@dataclass(frozen=True)
+class ValidationCase:
+    case_id: str
+    a_max: int
+    max_lora_rank: int
+    adapters: tuple[Adapter, ...]
+    lengths: str  # constant | lognormal
+    load_factor: float  # offered / twin-estimated saturation throughput
+    seed: int
+
+    @property
+    def workload(self) -> Workload:
+        return Workload(self.adapters)
+
+    def length_model(self) -> LengthModel:
+        return LengthModel(self.lengths, 0.5, 0.5) if self.lengths == "lognormal" else LengthModel()
+
+
+def saturation_tok_s(profile: Profile, a_max: int, rank: int, n_adapters: int, in_tok: float, out_tok: float) -> float:
+    """The twin's throughput for a heavily overloaded server (the scale for offered loads)."""
+    wl = Workload(tuple(Adapter(f"r{rank}-{i}", rank, 200.0 / n_adapters, in_tok, out_tok)
+                        for i in range(n_adapters)))
+    res = simulate(wl, profile, SimConfig(a_max=a_max, duration_s=20.0, warmup_s=5.0, max_lora_rank=rank))
+    return res.total_throughput_tok_s
+
+
+def validation_cases(profile: Profile, n: int, seed: int = 2024) -> list[ValidationCase]:
+    """``n`` cases over the engine groups, load factors spread over [0.3, 1.8]."""
+    rng = np.random.default_rng(seed)
+    cases = []
+    loads = rng.permutation(np.linspace(0.3, 1.8, n))
+    ranks = sorted(profile.kv.lora_ranks)
+    for i in range(n):
+        a_max, max_rank = ENGINE_GROUPS[i % len(ENGINE_GROUPS)]
+        n_ad = int(rng.choice([2, 3, 4, 6, 8, 12]))
+        in_tok = float(rng.choice([32, 64, 128, 256]))
+        out_tok = float(rng.choice([16, 32, 64]))
+        usable = [r for r in ranks if r <= max_rank]
+        ad_ranks = rng.choice(usable, n_ad)
+        ad_ranks[0] = max_rank  # the group's max_lora_rank is needed by the workload
+        weights = rng.dirichlet(np.full(n_ad, 0.8))
+        sat = saturation_tok_s(profile, a_max, max_rank, n_ad, in_tok, out_tok)
+        total_rps = loads[i] * sat / (in_tok + out_tok)
+        used = {r: 0 for r in ranks}
+        adapters = []
+        for rank, w in zip(ad_ranks, weights):
+            adapters.append(Adapter(f"r{rank}-{used[rank]}", int(rank), float(total_rps * w), in_tok, out_tok))
+            used[rank] += 1
+        cases.append(ValidationCase(f"v{i:02d}", a_max, max_rank, tuple(adapters),
+                                    str(rng.choice(["constant", "lognormal"])), float(loads[i]), seed * 1000 + i))
+    return cases
+
+
+@dataclass
+class Validator:
+    """Runs cases on real engines and on the twin; results under ``work_dir/cases``."""
+
+    profile: Profile
+    model_dir: str
+    work_dir: Path
+    duration_s: float = 30.0
+    warmup_s: float = 5.0
+    python: str | None = None
+    report_progress: Callable[[int, int, str], None] = lambda done, total, label: None
+
+    def _adapter_pool(self, max_rank: int) -> dict[str, str]:
+        shape = model_shape(self.model_dir)
+        root = self.work_dir / "adapters"
+        names = {f"r{r}-{i}": r for r in self.profile.kv.lora_ranks if r <= max_rank for i in range(POOL_PER_RANK)}
+        missing = {k: v for k, v in names.items() if not (root / k / "adapter_config.json").is_file()}
+        if missing:
+            write_adapters(root, shape, missing, base_model=self.model_dir, seed=7)
+        return {k: str(root / k) for k in names}
+
+    def engine_config(self, a_max: int, max_rank: int) -> EngineConfig:
+        e = self.profile.engine
+        pool = self._adapter_pool(max_rank)
+        return EngineConfig(
+            model=self.model_dir, adapters=tuple(pool.items()), max_loras=a_max, max_lora_rank=max_rank,
+            max_cpu_loras=len(pool), max_num_batched_tokens=e.max_num_batched_tokens, max_num_seqs=e.max_num_seqs,
+            max_model_len=e.max_model_len, kv_cache_bytes=e.kv_cache_bytes,
+        )
+
+    def workload_set(self, n: int, seed: int) -> list[ValidationCase]:
+        """This work dir's workloads: drawn once (sized with the profile of that time), reused on reruns."""
+        path = self.work_dir / "workloads.json"
+        if path.is_file():
+            saved = json.loads(path.read_text(encoding="utf-8"))
+            if (saved["count"], saved["seed"]) != (n, seed):
+                raise BadInputError(f"{self.work_dir} holds runs of {saved['count']} workloads with seed "
+                                    f"{saved['seed']}; use another work dir for {n} with seed {seed}")
+            return [ValidationCase(**{**c, "adapters": tuple(Adapter(**a) for a in c["adapters"])})
+                    for c in saved["cases"]]
+        cases = validation_cases(self.profile, n, seed)
+        write_json_atomic(path, {"count": n, "seed": seed, "cases": [asdict(c) for c in cases]})
+        return cases
+
+    def _case_path(self, case: ValidationCase) -> Path:
+        return self.work_dir / "cases" / f"{case.case_id}.json"
+
+    def run(self, cases: list[ValidationCase]) -> list[dict]:
+        groups: dict[tuple[int, int], list[ValidationCase]] = {}
+        for c in cases:
+            groups.setdefault((c.a_max, c.max_lora_rank), []).append(c)
+        done = sum(self._case_path(c).is_file() for c in cases)
+        for (a_max, rank), group in groups.items():
+            todo = [c for c in group if not self._case_path(c).is_file()]
+            if not todo:
+                continue
+            kwargs = {"python": self.python} if self.python else {}
+            log = self.work_dir / "logs" / f"engine-a{a_max}-r{rank}.log"
+            with Engine(self.engine_config(a_max, rank), log, **kwargs) as engine:
+                started = engine.start()
+                if not started.ok:
+                    raise RuntimeError(f"validation engine A_max {a_max} rank {rank} did not start: {started.message}")
+                self._warm_up(engine.base_url, todo[0])
+                for case in todo:
+                    write_json_atomic(self._case_path(case), self.run_case(engine.base_url, case))
+                    done += 1
+                    self.report_progress(done, len(cases), case.case_id)
+        return [json.loads(self._case_path(c).read_text(encoding="utf-8")) for c in cases]
+
+    def _warm_up(self, base_url: str, case: ValidationCase) -> None:
+        """A few untimed requests so the first case does not pay the engine's first-step costs."""
+        wl = Workload(tuple(Adapter(a.adapter_id, a.rank, 2.0, 32, 8) for a in case.adapters))
+        requests = draw_requests(wl, 3.0, seed=0)
+        run_load(base_url, requests, [a.adapter_id for a in wl.adapters], 3.0,
+                 vocab_size=model_shape(self.model_dir).vocab_size, drain_s=30.0)
+
+    def _wait_idle(self, base_url: str, timeout_s: float = 60.0) -> None:
+        import aiohttp
+
+        async def idle():
+            async with aiohttp.ClientSession() as session:
+                loop = asyncio.get_running_loop()
+                end = loop.time() + timeout_s
+                while loop.time() < end:
+                    v = series_values(await fetch_samples(session, base_url))
+                    if v["running"] == 0 and v["waiting"] == 0:
+                        return
+                    await asyncio.sleep(0.5)
+
+        asyncio.run(idle())
+
+    def run_case(self, base_url: str, case: ValidationCase) -> dict:
+        p = self.profile
+        requests = draw_requests(case.workload, self.duration_s, case.seed, lengths=case.length_model(),
+                                 default_input_tokens=p.default_input_tokens,
+                                 default_output_tokens=p.default_output_tokens)
+        self._wait_idle(base_url)
+        records, series = measure(base_url, requests, [a.adapter_id for a in case.adapters], self.duration_s,
+                                  vocab_size=model_shape(self.model_dir).vocab_size)
+        raw_dir = self.work_dir / "runs"
+        records.to_parquet(raw_dir / f"{case.case_id}-requests.parquet")
+        series.to_parquet(raw_dir / f"{case.case_id}-metrics.parquet")
+        real = summarise(records, self.duration_s, self.warmup_s)
+        preempt = series.column("preemptions")
+        return {
+            "case_id": case.case_id, "a_max": case.a_max, "max_lora_rank": case.max_lora_rank,
+            "adapters": len(case.adapters), "adapter_ids": [a.adapter_id for a in case.adapters],
+            "ranks": [a.rank for a in case.adapters],
+            "rates_rps": [round(a.rate_rps, 4) for a in case.adapters], "input_tokens": case.adapters[0].input_tokens,
+            "output_tokens": case.adapters[0].output_tokens, "lengths": case.lengths,
+            "load_factor": case.load_factor, "seed": case.seed,
+            "real": asdict(real),
+            "real_preemptions": float(np.nanmax(preempt)) if preempt.size else None,
+            "real_max_waiting_deferred": float(np.nanmax(series.column("waiting_deferred"))) if preempt.size else None,
+        }
+
+    def compare(self, rows: list[dict]) -> list[dict]:
+        """``rows`` with the twin's figures for the very same requests (recomputed: cheap, and a new
+        profile version can be scored against the same real runs)."""
+        runs = load_runs(self.work_dir, [r["case_id"] for r in rows])
+        return [{**row, "twin": twin_result(self.profile, run, self.duration_s, self.warmup_s)}
+                for row, run in zip(rows, runs)]
+
+
+def smape(pred: np.ndarray, real: np.ndarray) -> float:
+    """100 · mean(2|p − r| / (|p| + |r|)) (DESIGN.md's definition, with the 2); NaN pairs dropped."""
+    pred, real = np.asarray(pred, float), np.asarray(real, float)
+    ok = np.isfinite(pred) & np.isfinite(real) & ((np.abs(pred) + np.abs(real)) > 0)
+    if not ok.any():
+        return float("nan")
+    return float(100.0 * np.mean(2 * np.abs(pred[ok] - real[ok]) / (np.abs(pred[ok]) + np.abs(real[ok]))))
+
+
+METRICS = (("throughput", "total_throughput_tok_s"), ("itl", "itl_ms_mean"), ("ttft", "ttft_ms_mean"))
+
+
+def summary_table(rows: list[dict]) -> dict:
+    """SMAPEs overall and per real regime (starved / not), starved agreement, counts."""
+    real_starved = np.array([r["real"]["starved"] for r in rows])
+    twin_starved = np.array([r["twin"]["starved"] for r in rows])
+    out = {"cases": len(rows), "real_starved": int(real_starved.sum()),
+           "starved_agreement_pct": float(100.0 * np.mean(real_starved == twin_starved)) if rows else float("nan")}
+    for regime, mask in (("all", np.ones(len(rows), bool)), ("starved", real_starved),
+                         ("not_starved", ~real_starved)):
+        for name, key in METRICS:
+            pred = np.array([r["twin"][key] for r in rows], float)[mask]
+            real = np.array([r["real"][key] for r in rows], float)[mask]
+            out[f"{name}_smape_pct_{regime}"] = smape(pred, real)
+    return out
+
+
+def table_rows(rows: list[dict]) -> list[dict]:
+    """Flat rows (one per case) for the CSV."""
+    flat = []
+    for r in rows:
+        row = {k: r[k] for k in ("case_id", "a_max", "max_lora_rank", "adapters", "input_tokens", "output_tokens",
+                                 "lengths", "load_factor", "real_preemptions")}
+        for name, key in (*METRICS, ("arriving", "arriving_tok_s"), ("starved", "starved")):
+            row[f"real_{name}"] = r["real"][key]
+            row[f"twin_{name}"] = r["twin"][key]
+        flat.append(row)
+    return flat
+
+
+def plot(rows: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.8))
+    starved = np.array([r["real"]["starved"] for r in rows])
+    for ax, (name, key) in zip(axes, METRICS):
+        real = np.array([r["real"][key] for r in rows], float)
+        pred = np.array([r["twin"][key] for r in rows], float)
+        for mask, label, color in ((~starved, "not starved (real)", "tab:blue"), (starved, "starved (real)", "tab:red")):
+            ax.scatter(real[mask], pred[mask], s=22, c=color, label=label)
+        finite = np.concatenate([real[np.isfinite(real)], pred[np.isfinite(pred)]])
+        if finite.size:
+            lo, hi = finite.min() * 0.9, finite.max() * 1.1
+            ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
+        ax.set_xlabel(f"real {key}")
+        ax.set_ylabel(f"twin {key}")
+        ax.set_title(f"{name}: SMAPE {smape(pred, real):.1f} %")
+        if name in ("itl", "ttft"):
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+    axes[0].legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    write_bytes_atomic(path, buf.getvalue())
+
+
+def report(rows: list[dict], out_dir: str | os.PathLike, profile_id: str, meta: dict) -> dict:
+    """Write ``table.json``, ``table.csv`` and ``twin_vs_real.png`` under ``out_dir``."""
+    out = Path(out_dir)
+    summary = summary_table(rows)
+    write_json_atomic(out / "table.json", {"profile_id": profile_id, "summary": summary, **meta, "cases": rows})
+    flat = table_rows(rows)
+    buf = io.StringIO()
+    if flat:
+        writer = csv.DictWriter(buf, fieldnames=list(flat[0]))
+        writer.writeheader()
+        writer.writerows(flat)
+    write_text_atomic(out / "table.csv", buf.getvalue())
+    plot(rows, out / "twin_vs_real.png", f"{profile_id}: twin vs real vLLM, {len(rows)} held-apart workloads")
+    return summary

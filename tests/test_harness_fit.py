@@ -1,0 +1,110 @@
+"""Profile fitting, calibration and the validation table on synthetic measurements (no vLLM)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from serving_harness import calibration, profiling, synth, validation
+from twin import Adapter, Workload, draw_requests
+from twin.profile import profile_from_dict
+from twin.simulate import SimConfig, simulate
+
+K4, K5, KP, L0, L1, L2 = 0.3, 4.0, 0.1, 2.0, 0.05, 0.2
+
+
+def synthetic_raw(spec: profiling.ProfileSpec) -> dict:
+    """Raw results as the experiments would record them for a known latency model."""
+    def kv(a, r, ok=True):
+        row = {"a_max": a, "max_lora_rank": r, "enable_lora": True, "status": "ok" if ok else "memory_error",
+               "message": "" if ok else "KV cache is needed", "startup_s": 30.0}
+        return {**row, "block_size": 128, "num_gpu_blocks": 64, "kv_tokens": 8192} if ok else row
+
+    raw = {"kv-nolora": kv(1, 16), **{f"kv-a{a}-r{r}": kv(a, r, ok=not (r == 32 and a == 32))
+                                      for r in spec.lora_ranks for a in spec.a_max_points}}
+    raw["backbone"] = {"rows": [{"batch": b, "step_ms": K5 + K4 * b} for b in spec.batch_sizes]}
+    raw["prefill"] = {"rows": [{"prompt_tokens": p, "ttft_ms": 20 + KP * p} for p in spec.prompt_lengths]}
+    raw["lora"] = {"rows": [{"batch": b, "adapters": a, "step_ms": K5 + K4 * b + L0 + L1 * b + L2 * a}
+                            for b in spec.lora_batch_sizes for a in spec.adapter_counts]}
+    for r in spec.lora_ranks:
+        raw[f"load-r{r}"] = {"rows": [
+            row for ar in spec.lora_ranks if ar <= r
+            for row in ({"adapter_rank": ar, "pattern": "same", "ttft_ms": [20.0, 21.0, 22.0]},
+                        {"adapter_rank": ar, "pattern": "alternate", "ttft_ms": [20.0 + ar / 8, 21.0 + ar / 8, 30.0]})]}
+    raw[f"sched-r{spec.latency_rank}"] = {"rows": [{"waiting": w, "itl_ms": 8.0 + 0.02 * w}
+                                                   for w in spec.waiting_counts]}
+    return raw
+
+
+@pytest.fixture
+def spec(tmp_path):
+    model = synth.write_model(tmp_path / "model", synth.ModelShape(), weights=False)
+    return profiling.ProfileSpec(profile_id="fit-test", model_dir=str(model))
+
+
+def test_fit_recovers_every_term_and_marks_failed_grid_points(spec):
+    raw = synthetic_raw(spec)
+    prov = {"kind": "test", "machine": {"cpu": "x"}, "vllm_version": "0.32.0"}
+    d = profiling.fit_profile(spec, raw, prov)
+    lat = d["step_latency_ms"]
+    assert lat["k4_ms_per_request"] == pytest.approx(K4) and lat["k5_ms"] == pytest.approx(K5)
+    assert lat["kp_ms_per_prompt_token"] == pytest.approx(KP)
+    assert (lat["l0_ms"], lat["l1_ms_per_request"], lat["l2_ms_per_adapter"]) == pytest.approx((L0, L1, L2))
+    assert d["scheduler_overhead_us"]["k2_us_per_waiting"] == pytest.approx(20.0)
+    assert d["adapter_load_ms"]["by_max_lora_rank"]["32"] == {"8": 1.0, "16": 2.0, "32": 4.0}
+    assert d["kv_capacity"]["tokens"]["32"] == [8192, 8192, None]
+    assert "memory_error" in d["kv_capacity"]["failures"]["32"]
+    prof = profile_from_dict(d)
+    assert prof.kv.max_a_max(32) == 8 and prof.kv.tokens_for(4, 8) == 8192
+    assert prof.engine.block_size == 128 and prof.engine.version == "0.32.0"
+
+
+def test_experiment_names_cover_the_grid(spec):
+    names = profiling.Profiler(spec, "unused").experiment_names()
+    assert len(names) == len(set(names)) == 1 + 9 + 3 + 3 + 1
+    assert set(synthetic_raw(spec)) == set(names)
+
+
+def test_validation_cases_span_regimes_and_differ_by_seed(make_profile):
+    prof = make_profile(**{"kv_capacity.a_max_points": [1, 8, 32],
+                           "kv_capacity.tokens": {str(r): [8192] * 3 for r in (8, 16, 32)},
+                           "adapter_load_ms": {"by_max_lora_rank": {str(r): {str(r): 0.01} for r in (8, 16, 32)}},
+                           "step_latency_ms": {"k4_ms_per_request": 0.3, "k5_ms": 4.0}})
+    cases = validation.validation_cases(prof, 10, seed=1)
+    assert len(cases) == 10 and {c.case_id for c in cases} == {f"v{i:02d}" for i in range(10)}
+    assert min(c.load_factor for c in cases) == pytest.approx(0.3) and max(c.load_factor for c in cases) == 1.8
+    for c in cases:
+        assert max(a.rank for a in c.adapters) == c.max_lora_rank
+        assert len({a.adapter_id for a in c.adapters}) == len(c.adapters)
+    other = validation.validation_cases(prof, 10, seed=2)
+    assert [c.adapters for c in other] != [c.adapters for c in cases]
+
+
+def test_smape_and_summary_table():
+    assert validation.smape(np.array([110.0, 90.0]), np.array([100.0, 100.0])) == pytest.approx(
+        100 * np.mean([20 / 210, 20 / 190]))
+    assert np.isnan(validation.smape(np.array([np.nan]), np.array([1.0])))
+    row = {"real": {"starved": True, "total_throughput_tok_s": 100.0, "itl_ms_mean": 10.0, "ttft_ms_mean": 50.0},
+           "twin": {"starved": False, "total_throughput_tok_s": 100.0, "itl_ms_mean": 10.0, "ttft_ms_mean": 50.0}}
+    t = validation.summary_table([row, {**row, "twin": {**row["twin"], "starved": True}}])
+    assert t["cases"] == 2 and t["starved_agreement_pct"] == 50.0 and t["throughput_smape_pct_all"] == 0.0
+    assert np.isnan(t["itl_smape_pct_not_starved"])
+
+
+def test_calibration_recovers_a_known_slowdown(make_profile):
+    """Real runs made by the twin with a 1.5x slower step: the search finds the scale back."""
+    prof = make_profile(**{"step_latency_ms": {"k4_ms_per_request": 0.5, "k5_ms": 8.0, "kp_ms_per_prompt_token": 0.02},
+                           "engine.max_num_batched_tokens": 512})
+    slow = calibration.scaled(prof.step_latency, np.log(np.array([1.5, 1.5, 1.5])))
+    runs = []
+    for i, rate in enumerate((5.0, 20.0, 60.0)):
+        wl = Workload((Adapter("a", 8, rate, 50, 20), Adapter("b", 8, rate / 2, 80, 10)))
+        req = draw_requests(wl, 20.0, seed=i)
+        real = simulate(wl, replace(prof, step_latency=slow), SimConfig(a_max=2, duration_s=20.0, warmup_s=2.0),
+                        requests=req)
+        runs.append(calibration.RecordedRun(f"c{i}", 2, 8, wl, req, real.to_dict()))
+    theta, before, after = calibration.calibrate(prof, runs, 20.0, 2.0)
+    assert after < 0.1 * before
+    assert np.exp(theta[0]) == pytest.approx(1.5, rel=0.15)
