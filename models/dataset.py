@@ -36,6 +36,7 @@ import numpy as np
 
 from models.features import FEATURES, feature_row
 from models.progress import Progress
+from models.surrogate import simulation_hash
 from twin.atomic import write_bytes_atomic, write_json_atomic
 from twin.errors import BadInputError
 from twin.profile import Profile
@@ -141,11 +142,6 @@ class GridSpec:
             keep = np.sort(np.random.default_rng(self.seed).choice(len(pts), self.max_scenarios, replace=False))
             pts = [pts[i] for i in keep]
         return pts
-
-
-def profile_hash(profile: Profile) -> str:
-    """Hash of the whole profile: a build resumes only with the very profile it started with."""
-    return hashlib.sha256(repr(profile).encode()).hexdigest()[:16]
 
 
 def _spread(values: Sequence, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -282,15 +278,27 @@ class BuildResult:
         return self.new_rows / self.wall_s * 3600.0 if self.wall_s > 0 else float("nan")
 
 
-def _raise_interrupt(_signum, _frame):
-    raise KeyboardInterrupt
+class _StopRequest:
+    """Ctrl-C / SIGTERM during a build set a flag, checked between chunks (a signal raised inside
+    the numba twin would surface as a SystemError instead of a clean stop)."""
 
+    def __init__(self):
+        self.stop = False
+        self._previous: dict[int, object] = {}
 
-def _stop_on_sigterm():
-    """Treat SIGTERM (batch schedulers, ``kill``) like Ctrl-C during a build; returns the old handler."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    return signal.signal(signal.SIGTERM, _raise_interrupt)
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, _signum, _frame):
+        self.stop = True
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        return False
 
 
 def work_dir_for(out: Path) -> Path:
@@ -332,7 +340,7 @@ def build_dataset(profile: Profile, grid: GridSpec, out: str | Path, jobs: int =
     out = Path(out)
     work = work_dir_for(out)
     state = {"dataset_schema_version": DATASET_SCHEMA_VERSION, "profile_id": profile.profile_id,
-             "profile_hash": profile_hash(profile), "grid": grid.to_dict(), "features": list(FEATURES)}
+             "profile_hash": simulation_hash(profile), "grid": grid.to_dict(), "features": list(FEATURES)}
     points = grid.points()
     total = len(points)
     done = _open_work_dir(work, state)
@@ -358,22 +366,23 @@ def build_dataset(profile: Profile, grid: GridSpec, out: str | Path, jobs: int =
             next_part += 1
             buffer.clear()
 
-    interrupted = False
-    previous = _stop_on_sigterm()
-    try:
-        for rows in results:
-            buffer.extend(rows)
-            new_rows += len(rows)
-            sim_s += sum(r["sim_wall_s"] for r in rows)
-            bar.advance(len(rows))
-            if len(buffer) >= flush_rows:
-                flush()
-    except KeyboardInterrupt:  # keep what is done: merge it below, the work dir stays for a rerun
-        interrupted = True
-    finally:
-        flush()
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+    with _StopRequest() as request:
+        try:
+            for rows in results:
+                buffer.extend(rows)
+                new_rows += len(rows)
+                sim_s += sum(r["sim_wall_s"] for r in rows)
+                bar.advance(len(rows))
+                if len(buffer) >= flush_rows:
+                    flush()
+                if request.stop:
+                    break
+        except Exception:
+            if not request.stop:  # a worker killed by the same Ctrl-C is a stop, anything else is not
+                raise
+        finally:
+            flush()
+        interrupted = request.stop
     bar.close()
     parts = sorted(work.glob("part-*.parquet"))
     table = pa.concat_tables([pq.read_table(p, schema=schema) for p in parts]) if parts else schema.empty_table()

@@ -41,8 +41,17 @@ _ARRIVING = FEATURES.index("arriving_tok_s")
 
 
 def simulation_hash(profile: Profile) -> str:
-    """Hash of what the twin simulates with (not descriptions or provenance)."""
-    parts = (profile.engine, profile.kv, profile.step_latency, profile.scheduler_overhead, profile.adapter_load)
+    """Hash of the numbers the twin simulates with (and the default lengths datasets draw around).
+
+    Descriptions, provenance and settings the twin does not read do not enter, so a profile
+    schema gaining an informational field does not invalidate datasets and surrogates.
+    """
+    e, kv, so = profile.engine, profile.kv, profile.scheduler_overhead
+    parts = (e.block_size, e.max_num_batched_tokens, e.max_num_seqs, e.max_model_len, e.admission_rule,
+             kv.no_lora_tokens, kv.a_max_points, sorted(kv.tokens.items()), profile.step_latency.as_array(),
+             (so.k1_us, so.k2_us, so.k3_us, so.intercept_us),
+             sorted((r, sorted(v.items())) for r, v in profile.adapter_load.ms.items()),
+             profile.default_input_tokens, profile.default_output_tokens)
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
 
 

@@ -90,3 +90,27 @@ def test_cli_build_with_a_grid_file_and_bad_grids(tmp_path):
     grid.write_text(json.dumps({**TINY, "colour": 1}))
     res = CliRunner().invoke(main, ["dataset", "build", "--profile", LLAMA, "--grid", str(grid), "--out", str(out)])
     assert res.exit_code == 2 and "unknown grid keys" in res.output
+
+
+def test_sigterm_stops_cleanly_and_keeps_the_rows(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    grid = tmp_path / "grid.json"
+    grid.write_text(json.dumps({**TINY, "served": [2, 4, 8, 16, 32], "a_max": [2, 4, 8, 16, 32],
+                                "duration_s": 600.0}))
+    out = tmp_path / "s.parquet"
+    proc = subprocess.Popen([sys.executable, "-m", "planner.cli", "dataset", "build", "--profile", LLAMA,
+                             "--grid", str(grid), "--out", str(out)], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not list(work_dir_for(out).glob("build.json")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.0)
+    os.kill(proc.pid, signal.SIGTERM)
+    assert proc.wait(60) == 130, proc.stderr.read()
+    rows = pq.read_table(out).num_rows
+    assert 0 < rows < len(GridSpec.from_dict(json.loads(grid.read_text()) | {"name": "g"}).points())
+    assert work_dir_for(out).is_dir()
