@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import click
 
-from planner import cli_plan, cli_twin
+from planner import cli_harness, cli_models, cli_plan, cli_twin
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -22,7 +22,9 @@ def main() -> None:
     """
 
 
-for _command in (cli_plan.plan, cli_plan.evaluate, cli_plan.replan, cli_plan.verify, cli_twin.profiles, cli_twin.simulate):
+for _command in (cli_plan.plan, cli_plan.evaluate, cli_plan.replan, cli_plan.verify, cli_twin.profiles, cli_twin.simulate,
+                 cli_models.dataset, cli_models.train, cli_harness.synth, cli_harness.profile,
+                 cli_harness.validate):
     main.add_command(_command)
 
 
