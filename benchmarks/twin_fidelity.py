@@ -33,19 +33,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from models.metrics import smape  # noqa: E402
 from twin import Adapter, SimConfig, Workload, load_profile, simulate  # noqa: E402
 from twin.atomic import write_json_atomic  # noqa: E402
 
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "reference-h100-64gb"
 CLIENT_PORTS = 60999 - 32768 + 1
-
-
-def smape(pred, real) -> float:
-    pred, real = np.asarray(pred, float), np.asarray(real, float)
-    if pred.size == 0:
-        return float("nan")
-    den = np.abs(pred) + np.abs(real)
-    return float(100.0 * np.mean(np.where(den > 0, 2.0 * np.abs(pred - real) / np.where(den > 0, den, 1), 0.0)))
 
 
 def load_runs(data: Path) -> list[dict]:

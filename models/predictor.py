@@ -105,11 +105,6 @@ _BACKENDS: dict[str, PredictorFactory] = {
 }
 
 
-def register_backend(name: str, factory: PredictorFactory) -> None:
-    """Make ``load_predictor(profile, name)`` build ``factory(profile)``."""
-    _BACKENDS[name] = factory
-
-
 def predictor_names() -> list[str]:
     return sorted(_BACKENDS)
 
