@@ -173,7 +173,9 @@ class Scraper:
         import aiohttp
 
         loop = asyncio.get_running_loop()
-        t0 = loop.time() if self.origin is None else self.origin
+        if self.origin is None:
+            self.origin = loop.time()
+        t0 = self.origin
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
             while True:
                 started = loop.time()
@@ -191,3 +193,16 @@ class Scraper:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+            await self._final_sample()
+
+    async def _final_sample(self) -> None:
+        """One last sample after the load: the server's counters lag the last responses a little."""
+        import aiohttp
+
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(min(1.0, self.interval_s))
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+                self.series.add(loop.time() - (self.origin or 0.0), await fetch_samples(session, self.base_url))
+        except (TimeoutError, aiohttp.ClientError, ValueError):
+            self.series.errors += 1
