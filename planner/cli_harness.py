@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -170,9 +172,11 @@ def profile(device, model_dir, out, profile_id, work_dir, kv_cache_bytes, gpu_me
 @click.option("--out-dir", type=click.Path(file_okay=False), default=None,
               help="table.json, table.csv, twin_vs_real.png [default: artifacts/validation/ID].")
 @click.option("--python", "python", default=None, help="Python that has vLLM [default: this one].")
+@click.option("--record", is_flag=True, help="Also store the summary in the profile JSON's `validation` field.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @user_errors
-def validate(profile_id, model_dir, cases, duration, warmup, seed, work_dir, out_dir, python, as_json) -> None:
+def validate(profile_id, model_dir, cases, duration, warmup, seed, work_dir, out_dir, python, record,
+             as_json) -> None:
     """Run workloads the profile was not fitted on, on real vLLM and in the twin, and compare.
 
     Each workload (Poisson arrivals, skewed per-adapter rates, 1-8 GPU slots, light to overloaded)
@@ -184,8 +188,9 @@ def validate(profile_id, model_dir, cases, duration, warmup, seed, work_dir, out
       planner validate --profile cpu-2core-tiny-llama --model work/tiny/model --cases 32
     """
     from serving_harness.validation import Validator, report
+    from twin.atomic import write_json_atomic
     from twin.errors import BadInputError
-    from twin.profile import artifacts_dir, load_profile
+    from twin.profile import artifacts_dir, load_profile, profiles_dir
 
     prof = load_profile(profile_id)
     model = model_dir or prof.model.get("path")
@@ -200,6 +205,15 @@ def validate(profile_id, model_dir, cases, duration, warmup, seed, work_dir, out
         "window_convention": "arrivals over [0, duration); requests finished in [warmup, duration] count",
         "smape": "100*mean(2|twin-real|/(|twin|+|real|))",
     })
+    if record:
+        path = Path(profile_id) if Path(profile_id).is_file() else profiles_dir() / f"{prof.profile_id}.json"
+        data = json.loads(path.read_text(encoding="utf-8"))
+        table = (out / "table.json").resolve()
+        root = artifacts_dir().resolve().parent
+        data["validation"] = {**summary, "table": str(table.relative_to(root) if table.is_relative_to(root) else table),
+                              "command": _command_line(),
+                              "date": time.strftime("%Y-%m-%d")}
+        write_json_atomic(path, data)
     if as_json:
         print_json(summary)
         return

@@ -34,9 +34,14 @@ from twin.profile import Profile
 from twin.simulate import SimConfig, simulate
 from twin.workload import Adapter, LengthModel, Workload, draw_requests
 
-#: (A_max, max_lora_rank) engine groups the cases are spread over.
-ENGINE_GROUPS = ((1, 16), (2, 8), (4, 16), (8, 32), (4, 32))
 POOL_PER_RANK = 12
+
+
+def engine_groups(ranks: tuple[int, ...]) -> list[tuple[int, int]]:
+    """(A_max, max_lora_rank) engine groups the cases are spread over: 1–8 slots, the largest and
+    smallest profiled ranks."""
+    top, low = max(ranks), min(ranks)
+    return [(1, top), (2, low), (4, top), (8, top), (4, low)]
 
 
 @dataclass(frozen=True)
@@ -71,8 +76,9 @@ def validation_cases(profile: Profile, n: int, seed: int = 2024) -> list[Validat
     cases = []
     loads = rng.permutation(np.linspace(0.3, 1.8, n))
     ranks = sorted(profile.kv.lora_ranks)
+    groups = engine_groups(profile.kv.lora_ranks)
     for i in range(n):
-        a_max, max_rank = ENGINE_GROUPS[i % len(ENGINE_GROUPS)]
+        a_max, max_rank = groups[i % len(groups)]
         n_ad = int(rng.choice([2, 3, 4, 6, 8, 12]))
         in_tok = float(rng.choice([32, 64, 128, 256]))
         out_tok = float(rng.choice([16, 32, 64]))
@@ -189,6 +195,7 @@ class Validator:
                                  default_input_tokens=p.default_input_tokens,
                                  default_output_tokens=p.default_output_tokens)
         self._wait_idle(base_url)
+        load_before = os.getloadavg()[0]
         records, series = measure(base_url, requests, [a.adapter_id for a in case.adapters], self.duration_s,
                                   vocab_size=model_shape(self.model_dir).vocab_size)
         raw_dir = self.work_dir / "runs"
@@ -204,8 +211,10 @@ class Validator:
             "output_tokens": case.adapters[0].output_tokens, "lengths": case.lengths,
             "load_factor": case.load_factor, "seed": case.seed,
             "real": asdict(real),
-            "real_preemptions": float(np.nanmax(preempt)) if preempt.size else None,
+            "real_preemptions": float(np.nanmax(preempt) - np.nanmin(preempt)) if preempt.size else None,
             "real_max_waiting_deferred": float(np.nanmax(series.column("waiting_deferred"))) if preempt.size else None,
+            # Other work on the machine slows a CPU engine: the 1-minute load average around the run.
+            "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         }
 
     def compare(self, rows: list[dict]) -> list[dict]:
