@@ -33,7 +33,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from models.metrics import smape  # noqa: E402
+from twin.metrics import smape  # noqa: E402
 from twin import Adapter, SimConfig, Workload, load_profile, simulate  # noqa: E402
 from twin.atomic import write_json_atomic  # noqa: E402
 

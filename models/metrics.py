@@ -1,17 +1,12 @@
-"""Accuracy measures (numpy only). SMAPE is the standard one, with the factor 2 (DESIGN.md)."""
+"""Accuracy measures (numpy only): macro-F1 here, SMAPE shared with the rest of the project (twin.metrics)."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from twin.metrics import smape
 
-def smape(pred, real) -> float:
-    """100 · mean(2|pred − real| / (|pred| + |real|)); pairs with both zero count as 0."""
-    pred, real = np.asarray(pred, float), np.asarray(real, float)
-    if pred.size == 0:
-        return float("nan")
-    den = np.abs(pred) + np.abs(real)
-    return float(100.0 * np.mean(np.where(den > 0, 2.0 * np.abs(pred - real) / np.where(den > 0, den, 1.0), 0.0)))
+__all__ = ["macro_f1", "smape"]
 
 
 def macro_f1(pred, real) -> float:

@@ -20,7 +20,7 @@ import heapq
 
 import numpy as np
 
-from planner.packing import GpuGroup, PackRequest, a_max_limit, group_scenario, not_enough_gpus, predict
+from planner.packing import GpuGroup, PackRequest, a_max_limit, group_scenario, not_enough_gpus
 from twin.errors import InfeasibleError, ProfileError
 
 #: ProposedLat's absolute slack on the summed predicted throughput (tok/s), from the study's code.
@@ -32,7 +32,7 @@ def plan_maxbase(req: PackRequest, half: bool = False) -> list[GpuGroup]:
     if cap is None:
         raise ProfileError(f"profile {req.profile.profile_id} has no backbone_max_throughput_tok_s, "
                            "which the maxbase baselines pack to")
-    load = req.arriving_tok_s()
+    load = req.arriving_tok_s
     groups: list[GpuGroup] = [GpuGroup()]
     used = 0.0
     for i in range(len(load)):
@@ -73,8 +73,8 @@ def plan_latency(req: PackRequest) -> list[GpuGroup]:
         if g.a_max > limit:
             raise InfeasibleError(f"latency: a GPU needs --max-loras {g.a_max} but at most {limit} start "
                                   f"in memory with its ranks")
-    pred = predict(req, [group_scenario(req, g.shares, g.a_max) for g in groups])
-    ideal = float(req.arriving_tok_s().sum())
+    pred = req.predictor.predict([group_scenario(req, g.shares, g.a_max) for g in groups])
+    ideal = float(req.arriving_tok_s.sum())
     got = float(pred.throughput_tok_s.sum()) + LATENCY_SLACK_TOK_S
     if ideal > 0 and 2 * (ideal - got) / (ideal + got) > 0.1:
         raise InfeasibleError(f"latency: {len(groups)} GPUs are predicted to serve {got:,.0f} of "

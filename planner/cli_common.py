@@ -7,27 +7,16 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import sys
 
 import click
 
+from twin.atomic import json_safe
 from twin.errors import LoraPlannerError
 
 
-def _clean(obj):
-    """JSON-safe copy: NaN/inf become null."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    return obj
-
-
 def print_json(obj) -> None:
-    click.echo(json.dumps(_clean(obj), indent=1, allow_nan=False))
+    click.echo(json.dumps(json_safe(obj), indent=1, allow_nan=False))
 
 
 def user_errors(fn):

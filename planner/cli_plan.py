@@ -96,15 +96,16 @@ def plan(workload, profile_id, gpus, algorithm, predictor_kind, headroom, input_
     t0 = time.perf_counter()
     placement = make_plan(workload, wl, profile, predictor, opts)
     placement.inputs["plan_wall_s"] = round(time.perf_counter() - t0, 6)
+    doc = placement.to_dict()
     if out:
-        write_json_atomic(out, placement.to_dict())
+        write_json_atomic(out, doc)
     if plot:
         from planner.plot import plot_placement
 
         plot_placement(placement, plot)
     fmt = "json" if as_json else fmt
     if fmt == "json":
-        print_json(placement.to_dict())
+        print_json(doc)
     elif fmt == "vllm":
         click.echo(render_vllm(placement, model or profile.model.get("name", "MODEL"), port_base, adapter_dir))
     else:
@@ -211,9 +212,10 @@ def replan(workload, previous_file, out, profile_id, gpus, predictor_kind, headr
         req = pack_request(wl, profile, load_predictor_for(profile, predictor_kind),
                            PlanOptions(gpus=gpus, headroom=headroom))
         placement = run_replan(previous, workload, req, split_hot=split_hot)
-        write_json_atomic(out, placement.to_dict())
+        doc = placement.to_dict()
+        write_json_atomic(out, doc)
     if as_json:
-        print_json(placement.to_dict())
+        print_json(doc)
         return
     ch = placement.changes
     s = placement.summary()

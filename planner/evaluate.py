@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from planner.placement import Placement
@@ -85,7 +85,7 @@ def evaluate_placement(placement: Placement, workload: Workload, profile: Profil
         memory_ok = profile.kv.tokens_for(inst.a_max, inst.max_lora_rank) is not None
         result = None
         if memory_ok and adapters:
-            cfg = SimConfig(**{**config.__dict__, "a_max": inst.a_max, "max_lora_rank": inst.max_lora_rank})
+            cfg = replace(config, a_max=inst.a_max, max_lora_rank=inst.max_lora_rank)
             result = simulate(Workload(tuple(adapters)), profile, cfg)
         out.append(InstanceEvaluation(inst.instance_id, len(adapters), inst.a_max, inst.max_lora_rank, memory_ok,
                                       inst.predicted_throughput_tok_s, result))

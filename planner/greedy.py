@@ -65,7 +65,7 @@ def _shares(entries: list[Entry]) -> dict[int, float]:
 
 
 def _entry_loads(req: PackRequest, entries: list[Entry]) -> np.ndarray:
-    per_adapter = req.arriving_tok_s()
+    per_adapter = req.arriving_tok_s
     return np.array([per_adapter[i] * s for i, s in entries])
 
 
@@ -156,7 +156,7 @@ def _split_head(req: PackRequest, queue: list[Entry], pos: int, split_hot: bool)
 def _balanced(req: PackRequest, queue: list[Entry], fill: list[GpuGroup]) -> list[GpuGroup]:
     """Rerun the fill with the smallest per-GPU load cap that still fits in as many GPUs."""
     n_gpus = len(fill)
-    per_adapter = req.arriving_tok_s()
+    per_adapter = req.arriving_tok_s
     loads = [sum(per_adapter[i] * s for i, s in g.shares.items()) for g in fill]
     lo = float(sum(loads)) / n_gpus  # no cap below the mean fits
     hi = max(loads)

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
-from models.predictor import GpuScenario, Predictions, Predictor
+from models.predictor import GpuScenario, Predictor
 from twin.errors import InfeasibleError
 from twin.profile import Profile
 from twin.workload import Workload
@@ -51,12 +52,10 @@ class PackRequest:
     def adapter_id(self, i: int) -> str:
         return self.workload.adapters[i].adapter_id
 
-    def tokens_per_request(self) -> np.ndarray:
-        return self.input_tokens + self.output_tokens
-
+    @cached_property
     def arriving_tok_s(self) -> np.ndarray:
         """Per-adapter arriving token rate (input + output tokens per second)."""
-        return self.rates_rps * self.tokens_per_request()
+        return self.rates_rps * (self.input_tokens + self.output_tokens)
 
 
 @dataclass
@@ -106,10 +105,6 @@ def a_max_candidates(profile: Profile, ranks, n_adapters: int) -> list[int]:
     return sorted({p for p in profile.kv.a_max_points if p < top} | {top})
 
 
-def predict(req: PackRequest, scenarios: list[GpuScenario]) -> Predictions:
-    return req.predictor.predict(scenarios)
-
-
 @dataclass(frozen=True)
 class GroupVerdict:
     ok: bool
@@ -132,13 +127,13 @@ def best_a_max(req: PackRequest, shares: dict[int, float]) -> GroupVerdict:
     cands = a_max_candidates(req.profile, ranks, len(shares))
     if not cands:
         return GroupVerdict(False)
-    nominal = predict(req, [group_scenario(req, shares, a) for a in cands])
+    nominal = req.predictor.predict([group_scenario(req, shares, a) for a in cands])
     keep = [a for a, s in zip(cands, nominal.starved) if not s]
     if not keep:
         return GroupVerdict(False)
     if len(keep) == 1:
         return GroupVerdict(True, keep[0], float(nominal.throughput_tok_s[cands.index(keep[0])]))
-    stressed = predict(req, [group_scenario(req, shares, a, STRESS_FACTOR) for a in keep])
+    stressed = req.predictor.predict([group_scenario(req, shares, a, STRESS_FACTOR) for a in keep])
     best = max(range(len(keep)), key=lambda i: (stressed.throughput_tok_s[i], keep[i]))
     return GroupVerdict(True, keep[best], float(nominal.throughput_tok_s[cands.index(keep[best])]))
 
@@ -147,7 +142,7 @@ def keeps_up(req: PackRequest, shares: dict[int, float], a_max: int, max_lora_ra
     """Does this group keep up with exactly this A_max and max_lora_rank (both start-up settings)?"""
     if int(req.ranks[list(shares)].max()) > max_lora_rank or req.profile.kv.tokens_for(a_max, max_lora_rank) is None:
         return False
-    return not bool(predict(req, [group_scenario(req, shares, a_max, max_lora_rank=max_lora_rank)]).starved[0])
+    return not bool(req.predictor.predict([group_scenario(req, shares, a_max, max_lora_rank=max_lora_rank)]).starved[0])
 
 
 def priority_order(ranks: np.ndarray, rates: np.ndarray) -> list[int]:
@@ -169,7 +164,7 @@ def priority_order(ranks: np.ndarray, rates: np.ndarray) -> list[int]:
 def not_enough_gpus(req: PackRequest, left: list[int], used: int) -> InfeasibleError:
     ids = [req.adapter_id(i) for i in left]
     shown = ", ".join(ids[:8]) + (f" and {len(ids) - 8} more" if len(ids) > 8 else "")
-    load = float(req.arriving_tok_s()[left].sum())
+    load = float(req.arriving_tok_s[left].sum())
     return InfeasibleError(
         f"not enough GPUs: {used} GPUs are full and {len(ids)} adapters are left ({shown}; "
         f"{load:,.0f} tok/s arriving); allow more with --gpus"

@@ -22,7 +22,6 @@ from planner.packing import (
     PackRequest,
     a_max_limit,
     not_enough_gpus,
-    predict,
     priority_order,
 )
 
@@ -135,7 +134,7 @@ def _test_and_commit(req: PackRequest, s: _Server, final: bool = False) -> bool:
     cands = [c for c in cands if c[0] <= limit]
     if not cands:
         return False
-    pred = predict(req, [_scenario(req, members, pad, a) for a, _ in cands])
+    pred = req.predictor.predict([_scenario(req, members, pad, a) for a, _ in cands])
     pick = 0 if len(cands) == 1 or pred.throughput_tok_s[0] > pred.throughput_tok_s[1] else 1
     if pred.starved[pick]:
         return False

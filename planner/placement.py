@@ -12,16 +12,14 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
-import math
 import os
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from planner.packing import GpuGroup, PackRequest, group_scenario
+from twin.atomic import json_safe
 from twin.errors import BadInputError
 from twin.profile import Profile
 
@@ -58,12 +56,6 @@ class Placement:
     changes: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def instance(self, instance_id: str) -> InstancePlan:
-        for inst in self.instances:
-            if inst.instance_id == instance_id:
-                return inst
-        raise KeyError(instance_id)
-
     def routes(self) -> dict[str, list[dict[str, Any]]]:
         out: dict[str, list[dict[str, Any]]] = {a["adapter_id"]: [] for a in self.adapters}
         for inst in self.instances:
@@ -98,7 +90,7 @@ class Placement:
         }
         if self.changes is not None:
             out["changes"] = self.changes
-        return _json_safe(out)
+        return json_safe(out)
 
     def summary(self) -> dict[str, Any]:
         pred = [i.predicted_throughput_tok_s for i in self.instances]
@@ -111,18 +103,6 @@ class Placement:
             "predicted_starving": sum(bool(i.predicted_starved) for i in self.instances),
             "all_ok": all(i.ok for i in self.instances),
         }
-
-
-def _json_safe(obj):
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_json_safe(v) for v in obj]
-    if isinstance(obj, np.generic):
-        return obj.item()
-    return obj
 
 
 def engine_settings(profile: Profile) -> dict[str, Any]:

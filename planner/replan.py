@@ -54,7 +54,7 @@ class _Slot:
 
 def replan(previous: Placement, workload_path, req: PackRequest, split_hot: bool = True) -> Placement:
     index = {a.adapter_id: i for i, a in enumerate(req.workload.adapters)}
-    load = req.arriving_tok_s()
+    load = req.arriving_tok_s
     slots: list[_Slot] = []
     todo: dict[int, float] = {i: 1.0 for i in range(len(index))}  # traffic share still unserved
     for prev in previous.instances:

@@ -165,5 +165,4 @@ def synthesize_for(p: Placement, out_dir: Path, max_model_len: int) -> tuple[str
     model = write_model(out_dir / "model", shape)
     ranks = {a["adapter_id"]: int(a["rank"]) for a in p.adapters}
     paths = write_adapters(out_dir / "adapters", shape, ranks, base_model=str(model))
-    per_token = 2 * shape.num_hidden_layers * shape.num_key_value_heads * shape.head_dim * 2  # K and V, bf16
-    return str(model), {k: str(v) for k, v in paths.items()}, per_token
+    return str(model), {k: str(v) for k, v in paths.items()}, shape.kv_bytes_per_token

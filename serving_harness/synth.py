@@ -56,6 +56,11 @@ class ModelShape:
         if self.head_dim < 32:
             raise BadInputError("model shape: head_dim must be >= 32 (vLLM's CPU attention backend)")
 
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV cache bytes one token takes in bf16 (K and V of every layer)."""
+        return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * 2
+
     def module_dims(self, module: str) -> tuple[int, int]:
         """(in_features, out_features) of one linear module of a decoder layer."""
         h, i = self.hidden_size, self.intermediate_size

@@ -30,6 +30,7 @@ from serving_harness.metrics import fetch_samples, series_values
 from serving_harness.synth import model_shape, write_adapters
 from twin.atomic import write_bytes_atomic, write_json_atomic, write_text_atomic
 from twin.errors import BadInputError
+from twin.metrics import smape
 from twin.profile import Profile
 from twin.simulate import SimConfig, simulate
 from twin.workload import Adapter, LengthModel, Workload, draw_requests
@@ -223,15 +224,6 @@ class Validator:
         runs = load_runs(self.work_dir, [r["case_id"] for r in rows])
         return [{**row, "twin": twin_result(self.profile, run, self.duration_s, self.warmup_s)}
                 for row, run in zip(rows, runs)]
-
-
-def smape(pred: np.ndarray, real: np.ndarray) -> float:
-    """100 · mean(2|p − r| / (|p| + |r|)) (DESIGN.md's definition, with the 2); NaN pairs dropped."""
-    pred, real = np.asarray(pred, float), np.asarray(real, float)
-    ok = np.isfinite(pred) & np.isfinite(real) & ((np.abs(pred) + np.abs(real)) > 0)
-    if not ok.any():
-        return float("nan")
-    return float(100.0 * np.mean(2 * np.abs(pred[ok] - real[ok]) / (np.abs(pred[ok]) + np.abs(real[ok]))))
 
 
 METRICS = (("throughput", "total_throughput_tok_s"), ("itl", "itl_ms_mean"), ("ttft", "ttft_ms_mean"))

@@ -23,7 +23,7 @@ def request(profile, rates, ranks=None, gpus=1000, capacity=1000.0, seed=0):
 
 
 def loads(req, groups):
-    per = req.arriving_tok_s()
+    per = req.arriving_tok_s
     return [sum(per[i] * s for i, s in g.shares.items()) for g in groups]
 
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
@@ -26,6 +29,19 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def json_safe(obj: Any) -> Any:
+    """A JSON-ready copy: NaN/inf become null, numpy scalars plain numbers, tuples lists."""
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
 
 
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
