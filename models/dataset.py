@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from models.features import FEATURES, feature_row
+from models.features import N_FEATURES, engine_terms, fill_features
 from models.progress import Progress
 from models.surrogate import simulation_hash
 from twin.atomic import write_bytes_atomic, write_json_atomic
@@ -171,23 +171,18 @@ def scenario_spec(grid: GridSpec, profile: Profile, scenario_id: int, point) -> 
 
 
 def run_scenario(grid: GridSpec, profile: Profile, scenario_id: int, point, sim_seed_offset: int = 0) -> dict[str, Any]:
-    """One dataset row: spec, features and twin targets (NaN targets for a memory error).
+    """One dataset row: spec and twin targets (NaN targets for a memory error).
 
     ``sim_seed_offset`` changes only the twin's arrival draws (noise-floor measurements).
     """
     spec = scenario_spec(grid, profile, scenario_id, point)
     spec["seed"] += sim_seed_offset
-    n = spec["served_adapters"]
     row = dict(spec)
     nan = float("nan")
     if spec["memory_error"]:
-        feats = np.full(len(FEATURES), nan)
         row.update(throughput_tok_s=nan, arriving_tok_s=nan, itl_ms=nan, ttft_ms=nan, starved=None,
                    arrived_requests=0, finished_requests=0, preemptions=0, sim_wall_s=0.0)
     else:
-        feats = feature_row(spec["ranks"], spec["rates_rps"], np.full(n, spec["input_tokens"]),
-                            np.full(n, spec["output_tokens"]), spec["a_max"], spec["max_lora_rank"],
-                            spec["kv_tokens"])
         wl = Workload(tuple(Adapter(f"a{i}", int(r), float(lam), spec["input_tokens"], spec["output_tokens"])
                             for i, (r, lam) in enumerate(zip(spec["ranks"], spec["rates_rps"]))))
         res = simulate(wl, profile, SimConfig(a_max=spec["a_max"], duration_s=grid.duration_s, seed=spec["seed"],
@@ -198,7 +193,6 @@ def run_scenario(grid: GridSpec, profile: Profile, scenario_id: int, point, sim_
                    preemptions=res.preemptions, sim_wall_s=res.sim_wall_s)
     row["ranks"] = spec["ranks"].tolist()
     row["rates_rps"] = spec["rates_rps"].tolist()
-    row.update({f"f_{name}": float(v) for name, v in zip(FEATURES, feats)})
     return row
 
 
@@ -218,7 +212,7 @@ def _schema():
         ("throughput_tok_s", pa.float64()), ("arriving_tok_s", pa.float64()), ("itl_ms", pa.float64()),
         ("ttft_ms", pa.float64()), ("starved", pa.bool_()), ("arrived_requests", pa.int64()),
         ("finished_requests", pa.int64()), ("preemptions", pa.int64()), ("sim_wall_s", pa.float64()),
-    ] + [(f"f_{name}", pa.float64()) for name in FEATURES]
+    ]
     return pa.schema(cols)
 
 
@@ -312,7 +306,7 @@ def _open_work_dir(work: Path, state: dict[str, Any]) -> set[int]:
     spec_path = work / "build.json"
     if spec_path.is_file():
         old = json.loads(spec_path.read_text(encoding="utf-8"))
-        if old != state:
+        if {k: old.get(k) for k in state} != state:
             raise BadInputError(f"{work} holds an unfinished build of another grid or profile; "
                                 f"delete it or use another --out")
     else:
@@ -340,7 +334,7 @@ def build_dataset(profile: Profile, grid: GridSpec, out: str | Path, jobs: int =
     out = Path(out)
     work = work_dir_for(out)
     state = {"dataset_schema_version": DATASET_SCHEMA_VERSION, "profile_id": profile.profile_id,
-             "profile_hash": simulation_hash(profile), "grid": grid.to_dict(), "features": list(FEATURES)}
+             "profile_hash": simulation_hash(profile), "grid": grid.to_dict()}
     points = grid.points()
     total = len(points)
     done = _open_work_dir(work, state)
@@ -385,7 +379,8 @@ def build_dataset(profile: Profile, grid: GridSpec, out: str | Path, jobs: int =
         interrupted = request.stop
     bar.close()
     parts = sorted(work.glob("part-*.parquet"))
-    table = pa.concat_tables([pq.read_table(p, schema=schema) for p in parts]) if parts else schema.empty_table()
+    table = (pa.concat_tables([pq.read_table(p, columns=schema.names).cast(schema) for p in parts]) if parts
+             else schema.empty_table())
     table = table.sort_by("scenario_id")
     n_done = table.num_rows
     complete = n_done == total
@@ -415,9 +410,13 @@ class Dataset:
         return int(self.X.shape[0])
 
 
-def read_dataset(paths: Iterable[str | Path]) -> Dataset:
-    """Load one or more dataset parquet files of the same profile and feature set."""
+def read_dataset(paths: Iterable[str | Path], profile: Profile) -> Dataset:
+    """Load dataset parquet files built with ``profile``; features are computed here from each row's spec.
+
+    Rows store scenarios, not features, so a new feature needs no rebuild, only a retrain.
+    """
     _require_pyarrow()
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     parts, metas = [], []
@@ -425,30 +424,41 @@ def read_dataset(paths: Iterable[str | Path]) -> Dataset:
     for path in paths:
         path = Path(path)
         try:
-            table = pq.read_table(path)
-        except (OSError, ValueError) as exc:
+            table = pq.read_table(path, columns=[*_SPEC_COLUMNS, *_TARGET_COLUMNS])
+        except (OSError, ValueError, KeyError) as exc:
             raise BadInputError(f"{path}: not a readable dataset parquet ({exc})") from None
         raw = (table.schema.metadata or {}).get(METADATA_KEY)
         if raw is None:
             raise BadInputError(f"{path}: no lora_planner metadata; build it with `planner dataset build`")
         meta = json.loads(raw)
-        if meta.get("features") != list(FEATURES):
-            raise BadInputError(f"{path}: built with features {meta.get('features')}, this version computes "
-                                f"{list(FEATURES)}; rebuild the dataset")
-        if metas and meta["profile_id"] != metas[0]["profile_id"]:
-            raise BadInputError(f"{path}: profile {meta['profile_id']} differs from {metas[0]['profile_id']}")
+        if meta["profile_id"] != profile.profile_id:
+            raise BadInputError(f"{path}: built for profile {meta['profile_id']}, not {profile.profile_id}")
+        if meta["profile_hash"] != simulation_hash(profile):
+            raise BadInputError(f"{path}: built with another version of profile {profile.profile_id} (simulation "
+                                f"hash {meta['profile_hash']}, now {simulation_hash(profile)}); rebuild it")
         digest.update(path.read_bytes())
-        parts.append(table)
+        parts.append(table.filter(pc.invert(table.column("memory_error"))))
         metas.append(meta)
     if not parts:
         raise BadInputError("no dataset given")
-    cols = {}
-    for name in ["scenario_id", "memory_error", "throughput_tok_s", "arriving_tok_s", "starved"] + [
-            f"f_{f}" for f in FEATURES]:
-        cols[name] = np.concatenate([t.column(name).to_numpy(zero_copy_only=False) for t in parts])
-    ok = ~cols["memory_error"].astype(bool)
-    X = np.column_stack([cols[f"f_{f}"] for f in FEATURES])[ok].astype(np.float64)
-    return Dataset(X, cols["throughput_tok_s"][ok].astype(np.float64), cols["arriving_tok_s"][ok].astype(np.float64),
-                   cols["starved"][ok].astype(bool), cols["scenario_id"][ok].astype(np.int64),
-                   {"profile_id": metas[0]["profile_id"], "profile_hash": metas[0]["profile_hash"],
-                    "files": metas}, digest.hexdigest())
+    cols = {name: [v for t in parts for v in t.column(name).to_pylist()] for name in _SPEC_COLUMNS}
+    terms = engine_terms(profile)
+    X = np.empty((len(cols["scenario_id"]), N_FEATURES))
+    for i in range(X.shape[0]):
+        n = cols["served_adapters"][i]
+        fill_features(terms, np.asarray(cols["ranks"][i], np.int64), np.asarray(cols["rates_rps"][i], np.float64),
+                      np.full(n, cols["input_tokens"][i]), np.full(n, cols["output_tokens"][i]), cols["a_max"][i],
+                      cols["max_lora_rank"][i], float(cols["kv_tokens"][i]), X[i])
+
+    def target(name, dtype):
+        return np.concatenate([t.column(name).to_numpy(zero_copy_only=False) for t in parts]).astype(dtype)
+
+    return Dataset(X, target("throughput_tok_s", np.float64), target("arriving_tok_s", np.float64),
+                   target("starved", bool), np.asarray(cols["scenario_id"], np.int64),
+                   {"profile_id": profile.profile_id, "profile_hash": metas[0]["profile_hash"], "files": metas},
+                   digest.hexdigest())
+
+
+_SPEC_COLUMNS = ("scenario_id", "served_adapters", "a_max", "max_lora_rank", "ranks", "rates_rps", "input_tokens",
+                 "output_tokens", "kv_tokens")
+_TARGET_COLUMNS = ("memory_error", "throughput_tok_s", "arriving_tok_s", "starved")

@@ -8,8 +8,8 @@ is refused with a message saying how to rebuild it.
 
 Forests in an artifact: ``full_throughput``/``full_starved`` (the size-bounded random forests)
 and ``small_throughput``/``small_starved`` (single trees of at most 32 rules). The throughput
-forests predict the served fraction ``throughput / arriving_tok_s``; the classifiers' class 1 is
-"starved".
+forests predict ``throughput / min(arriving, saturation)`` (:func:`models.features.throughput_base`);
+the classifiers' class 1 is "starved".
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 import numba
 import numpy as np
 
-from models.features import FEATURES, N_FEATURES, fill_features
+from models.features import ARRIVING, FEATURES, N_FEATURES, SATURATION, engine_terms, fill_features, throughput_base
 from models.predictor import GpuScenario, Predictions
 from models.trees import FlatForest, forest_row
 from twin.atomic import write_bytes_atomic, write_json_atomic
@@ -37,7 +37,6 @@ ARRAYS_FILE = "surrogate.npz"
 METADATA_FILE = "surrogate.json"
 FOREST_NAMES = ("full_throughput", "full_starved", "small_throughput", "small_starved")
 KINDS = {"surrogate": "full", "small-tree": "small"}
-_ARRIVING = FEATURES.index("arriving_tok_s")
 
 
 def simulation_hash(profile: Profile) -> str:
@@ -143,6 +142,7 @@ class SurrogatePredictor:
         self.throughput_forest = art.forests[f"{KINDS[kind]}_throughput"]
         self.starved_forest = art.forests[f"{KINDS[kind]}_starved"]
         self._kv: dict[tuple[int, int], int | None] = {}
+        self._terms = engine_terms(profile)
         self._x = np.empty(N_FEATURES)
         self._x32 = np.empty(N_FEATURES, np.float32)
         self._out = np.empty(2)
@@ -166,16 +166,16 @@ class SurrogatePredictor:
         X = np.empty((len(scenarios), N_FEATURES))
         for i, sc in enumerate(scenarios):
             rank = self._rank(sc)
-            fill_features(sc.ranks, sc.rates_rps, sc.input_tokens, sc.output_tokens, int(sc.a_max), int(rank),
+            fill_features(self._terms, sc.ranks, sc.rates_rps, sc.input_tokens, sc.output_tokens, int(sc.a_max), int(rank),
                           float(self._kv_tokens(int(sc.a_max), rank)), X[i])
         return X
 
     def predict_features(self, X: np.ndarray) -> Predictions:
         """Predictions for a feature matrix (rows of ``FEATURES``)."""
-        fraction = self.throughput_forest.predict_raw(X)[:, 0]
+        ratio = self.throughput_forest.predict_raw(X)[:, 0]
         proba = self.starved_forest.predict_raw(X)
-        arriving = X[:, _ARRIVING].copy()
-        return Predictions(fraction * arriving, proba[:, 1] > proba[:, 0], arriving)
+        base = np.minimum(X[:, ARRIVING], X[:, SATURATION])
+        return Predictions(ratio * base, proba[:, 1] > proba[:, 0], X[:, ARRIVING].copy())
 
     def _rank(self, sc: GpuScenario) -> int:
         need = int(sc.ranks.max())
@@ -195,7 +195,7 @@ class SurrogatePredictor:
         for i, sc in enumerate(scenarios):
             rank = self._rank(sc)
             thr[i], starved[i], arriving[i] = _predict_one(
-                sc.ranks, sc.rates_rps, sc.input_tokens, sc.output_tokens, int(sc.a_max), int(rank),
+                self._terms, sc.ranks, sc.rates_rps, sc.input_tokens, sc.output_tokens, int(sc.a_max), int(rank),
                 float(self._kv_tokens(int(sc.a_max), rank)),
                 t.feature, t.threshold, t.left, t.right, t.leaf_value, t.roots,
                 s.feature, s.threshold, s.left, s.right, s.leaf_value, s.roots, self._x, self._x32, self._out)
@@ -203,14 +203,13 @@ class SurrogatePredictor:
 
 
 @numba.njit(cache=True)
-def _predict_one(ranks, rates, input_tokens, output_tokens, a_max, rank, kv_tokens,
+def _predict_one(terms, ranks, rates, input_tokens, output_tokens, a_max, rank, kv_tokens,
                  tf, tt, tl, tr, tv, troots, sf, st, sl, sr, sv, sroots, x, x32, out):
     """(throughput, starved, arriving) of one scenario: features, then both forests."""
-    fill_features(ranks, rates, input_tokens, output_tokens, a_max, rank, kv_tokens, x)
+    fill_features(terms, ranks, rates, input_tokens, output_tokens, a_max, rank, kv_tokens, x)
     for k in range(x.shape[0]):
         x32[k] = x[k]
     forest_row(tf, tt, tl, tr, tv, troots, x32, out)
-    arriving = x[_ARRIVING]
-    thr = out[0] * arriving
+    thr = out[0] * throughput_base(x)
     forest_row(sf, st, sl, sr, sv, sroots, x32, out)
-    return thr, out[1] > out[0], arriving
+    return thr, out[1] > out[0], x[ARRIVING]

@@ -2,10 +2,10 @@
 
 Targets:
 
-* **throughput** — regressed as the *served fraction* ``throughput / arriving_tok_s`` (the
-  arriving rate from the nominal rates and lengths, a feature). SMAPE is scale invariant, so the
-  SMAPE of the fraction equals the SMAPE of the throughput it implies; the fraction is bounded and
-  near 1 whenever the server keeps up, which trees and kernels fit far better than raw tok/s.
+* **throughput** — regressed as ``throughput / base`` with base = min(arriving tok/s, estimated
+  saturation tok/s) (:func:`models.features.throughput_base`, both features). The ratio is near 1
+  whether the server keeps up or is saturated, which trees and kernels fit far better than raw
+  tok/s; its SMAPE equals the SMAPE of the throughput it implies, SMAPE being scale invariant.
 * **starved** — classified directly (macro-F1).
 
 Models: random forest, SVM and KNN, each tuned with ``HalvingGridSearchCV`` (5-fold, seeded) over
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from models.dataset import read_dataset
-from models.features import FEATURES, N_FEATURES, fill_features
+from models.features import ARRIVING, N_FEATURES, engine_terms, fill_features, throughput_base
 from models.metrics import macro_f1, smape
 from models.surrogate import METADATA_FILE, SurrogatePredictor, save_artifact, simulation_hash
 from models.trees import compile_sklearn, count_rules
@@ -36,7 +36,6 @@ from twin.errors import BadInputError
 
 MAX_RULES = 32
 SEED = 0
-ARRIVING = "arriving_tok_s"
 
 
 def _sk():
@@ -222,13 +221,11 @@ def train_surrogates(dataset_paths, profile, out_dir, *, search: str = "reduced"
 
     if "rf" not in models:
         raise BadInputError("the random forest ('rf') is the model that ships; keep it in --models")
-    ds = read_dataset(dataset_paths)
-    if ds.metadata["profile_id"] != profile.profile_id:
-        raise BadInputError(f"dataset was built for profile {ds.metadata['profile_id']}, not {profile.profile_id}")
-    arriving_col = FEATURES.index(ARRIVING)
-    usable = ds.X[:, arriving_col] > 0
-    X = ds.X[usable]
-    y_frac = ds.throughput[usable] / X[:, arriving_col]
+    ds = read_dataset(dataset_paths, profile)
+    base = np.array([throughput_base(x) for x in ds.X])
+    usable = base > 0
+    X, base = ds.X[usable], base[usable]
+    y_frac = ds.throughput[usable] / base
     y_starved = ds.starved[usable]
     if X.shape[0] < 50 or y_starved.all() or not y_starved.any():
         raise BadInputError(f"dataset has {X.shape[0]} usable rows ({int(y_starved.sum())} starved); "
@@ -237,8 +234,9 @@ def train_surrogates(dataset_paths, profile, out_dir, *, search: str = "reduced"
     real_X = None
     if real_runs is not None:
         real_X = np.empty((len(real_runs.scenarios), N_FEATURES))
+        terms = engine_terms(profile)
         for i, sc in enumerate(real_runs.scenarios):
-            fill_features(sc.ranks, sc.rates_rps, sc.input_tokens, sc.output_tokens, sc.a_max, sc.max_lora_rank,
+            fill_features(terms, sc.ranks, sc.rates_rps, sc.input_tokens, sc.output_tokens, sc.a_max, sc.max_lora_rank,
                           float(profile.kv.tokens_for(sc.a_max, sc.max_lora_rank)), real_X[i])
 
     tasks = {"throughput": ("regression", y_frac), "starved": ("classification", y_starved)}
@@ -284,7 +282,8 @@ def train_surrogates(dataset_paths, profile, out_dir, *, search: str = "reduced"
             forests[f"{prefix}_{target}"] = flat
     meta = {
         "profile_id": profile.profile_id, "profile_simulation_hash": simulation_hash(profile),
-        "throughput_target": "served fraction = throughput_tok_s / arriving_tok_s (nominal rates x lengths)",
+        "throughput_target": "throughput_tok_s / min(arriving_tok_s, saturation_tok_s) (features, nominal rates "
+                             "x lengths)",
         "smape": "standard: 100*mean(2|p-r|/(|p|+|r|))",
         "dataset": {"sha256": ds.sha256, "rows": int(X.shape[0]), "profile_hash": ds.metadata["profile_hash"],
                     "files": [{k: f.get(k) for k in ("rows", "grid_scenarios", "complete", "grid")}
@@ -313,10 +312,11 @@ def _evaluate(task, pred, sp: Split, real_X, real_runs, estimator) -> dict[str, 
     if real_X is not None:
         rp = estimator.predict(real_X)
         if task == "regression":
-            thr = rp * real_X[:, FEATURES.index(ARRIVING)]
+            thr = rp * np.array([throughput_base(x) for x in real_X])
             out["real"] = {"score": smape(thr, real_runs.throughput),
                            **_regimes(thr, real_runs.throughput, real_runs.starved),
-                           "starved_from_fraction_macro_f1": macro_f1(rp < 0.9, real_runs.starved)}
+                           "starved_from_fraction_macro_f1": macro_f1(thr < 0.9 * real_X[:, ARRIVING],
+                                                                        real_runs.starved)}
         else:
             out["real"] = {"score": macro_f1(rp, real_runs.starved)}
     return out

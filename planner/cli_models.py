@@ -48,7 +48,7 @@ def build(profile_id, grid, out, duration, jobs, backend, address, limit, as_jso
     """Run the twin over a scenario grid and write one parquet row per scenario.
 
     Each row holds the scenario spec (per-adapter ranks and rates, A_max, mean lengths, duration,
-    seed, profile id), the features and the targets (throughput, arriving tok/s, ITL, TTFT,
+    seed, profile id) and the targets (throughput, arriving tok/s, ITL, TTFT,
     starved). (A_max, max rank) pairs vLLM cannot start with are rows with memory_error=true.
     Scenarios run in a seeded random order, so a partial build is a uniform sample of the grid.
     """

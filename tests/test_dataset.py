@@ -44,8 +44,10 @@ def test_resumed_build_equals_a_fresh_one(tmp_path):
     assert a.drop(["sim_wall_s"]).equals(b.drop(["sim_wall_s"]))
     row = a.slice(0, 1).to_pylist()[0]
     assert len(row["ranks"]) == row["served_adapters"] == len(row["rates_rps"]) and row["profile_id"] == LLAMA
-    ds = read_dataset([tmp_path / "a.parquet"])
+    ds = read_dataset([tmp_path / "a.parquet"], prof)
     assert len(ds) == total and np.all(ds.throughput > 0)
+    with pytest.raises(BadInputError, match="built for profile"):
+        read_dataset([tmp_path / "a.parquet"], load_profile("h100-64gb-qwen2.5-7b"))
 
 
 def test_memory_errors_are_rows_not_simulations(tmp_path):

@@ -11,7 +11,7 @@ pytest.importorskip("sklearn")
 pytest.importorskip("optuna")
 
 from models.dataset import GridSpec, build_dataset
-from models.features import FEATURES, feature_row
+from models.features import FEATURES, engine_terms, feature_row, saturation_tok_s
 from models.predictor import GpuScenario, default_predictor_kind, load_predictor
 from models.surrogate import METADATA_FILE, SurrogatePredictor, load_artifact
 from models.train import train_surrogates
@@ -71,9 +71,22 @@ def test_predictors_agree_between_single_and_batch_paths(artifact, monkeypatch):
 
 def test_features_match_the_dataset_function():
     sc = scenario(n=5, rate=0.3)
-    row = feature_row(sc.ranks, sc.rates_rps, sc.input_tokens, sc.output_tokens, 4, 8, 1000)
+    row = feature_row(engine_terms(load_profile(LLAMA)), sc.ranks, sc.rates_rps, sc.input_tokens, sc.output_tokens,
+                      4, 8, 1000)
     assert row[FEATURES.index("arriving_tok_s")] == pytest.approx(sc.arriving_tok_s)
     assert row[FEATURES.index("std_rate")] == 0.0 and row[FEATURES.index("served_adapters")] == 5
+    sat = row[FEATURES.index("saturation_tok_s")]
+    assert row[FEATURES.index("load_over_saturation")] == pytest.approx(sc.arriving_tok_s / sat)
+
+
+def test_saturation_estimate_by_hand():
+    # max_num_seqs 2048, budget 2048; step = 10 ms x (100 + 10 x adapters) / 100, nothing else.
+    terms = np.array([2048, 2048, 0.0, 10.0, 0.0, 10.0, 100.0, 0.0, 0.0, 0.0])
+    # KV 15,000 tokens / (100 + 100/2) = 100 requests, each step 100 decodes + 100 prompt tokens.
+    assert saturation_tok_s(terms, 100.0, 100.0, 0, 15000.0) == pytest.approx(200 / 0.010)
+    assert saturation_tok_s(terms, 100.0, 100.0, 2, 15000.0) == pytest.approx(200 / 0.012)
+    # A huge KV cache: the token budget binds (1024 decodes + 1024 prompt tokens per step).
+    assert saturation_tok_s(terms, 100.0, 100.0, 0, 1e9) == pytest.approx(2048 / 0.010)
 
 
 def test_refusals(artifact, tmp_path):
