@@ -10,6 +10,8 @@ EPILOG_SIMULATE = """\b
 Example:
   planner simulate datasets/workloads/high-rate-64-adapters.csv --a-max 16 \\
       --profile h100-64gb-qwen2.5-7b --duration 3600 --json
+  planner simulate datasets/workloads/small-8-adapters.csv --a-max 8 \\
+      --policy chameleon --policy-param queues=2 --json
 """
 
 
@@ -71,16 +73,22 @@ def profiles(as_json: bool) -> None:
               help="Step-latency model of the profile (see `planner profiles`), e.g. 'study'.")
 @click.option("--timeseries-every", type=click.FloatRange(min=0), default=0.0,
               help="Add running/waiting/KV-use samples every S seconds to --json output.")
+@click.option("--policy", default="vllm", show_default=True,
+              help="Serving policy: vllm (stock), slora, chameleon, toppings, elora (see twin/policies).")
+@click.option("--policy-param", "policy_params", multiple=True, metavar="KEY=VALUE",
+              help="Override one of the policy's parameters (repeatable), e.g. scheduler=fifo.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @user_errors
 def simulate(workload, a_max, profile_id, duration, warmup, seed, arrivals, input_tokens, output_tokens,
-             lengths, length_cv, max_in_flight, latency_model, timeseries_every, as_json) -> None:
+             lengths, length_cv, max_in_flight, latency_model, timeseries_every, policy, policy_params,
+             as_json) -> None:
     """Simulate one vLLM server serving WORKLOAD with --max-loras A_MAX in the digital twin.
 
     Reports throughput (input + output tokens of requests finished in the window, per second),
     the arriving token rate, whether the server starves (throughput < 0.9 x arriving), ITL and
     TTFT over finished requests, preemptions and adapter loads. Exit code 3 when the profile says
-    vLLM would not start with this A_max (memory error).
+    vLLM would not start with this A_max (memory error). With --policy other than vllm, memory is
+    one pool shared by KV and adapters, and A_max only caps the distinct adapters of one batch.
     """
     from planner.workload_csv import read_workload
     from twin import (
@@ -92,6 +100,7 @@ def simulate(workload, a_max, profile_id, duration, warmup, seed, arrivals, inpu
         load_profile,
     )
     from twin import simulate as run
+    from twin.policies import parse_overrides, policy_from_name
 
     profile = load_profile(profile_id or DEFAULT_PROFILE_ID).with_latency_variant(latency_model)
     wl = read_workload(workload, profile)
@@ -100,14 +109,14 @@ def simulate(workload, a_max, profile_id, duration, warmup, seed, arrivals, inpu
         arrivals=UnpredictableArrivals() if arrivals == "unpredictable" else PoissonArrivals(),
         lengths=LengthModel(lengths, length_cv, length_cv),
         input_tokens=input_tokens, output_tokens=output_tokens, max_in_flight=max_in_flight,
-        timeseries_dt_s=timeseries_every,
+        timeseries_dt_s=timeseries_every, policy=policy_from_name(policy, **parse_overrides(policy_params)),
     )
     res = run(wl, profile, cfg)
     if as_json:
         print_json(res.to_dict())
         return
     verdict = click.style("STARVED", fg="red") if res.starved else click.style("keeps up", fg="green")
-    click.echo(f"{res.served_adapters} adapters on {res.profile_id}, --max-loras {res.a_max} "
+    click.echo(f"{res.served_adapters} adapters on {res.profile_id} ({res.policy}), --max-loras {res.a_max} "
                f"--max-lora-rank {res.max_lora_rank} (KV {res.kv_tokens} tokens), {res.window_s:.0f} s window")
     click.echo(f"  throughput {res.total_throughput_tok_s:,.0f} tok/s of {res.arriving_tok_s:,.0f} arriving: {verdict}")
     click.echo(f"  ITL mean {res.itl_ms_mean:.1f} ms (p99 {res.itl_ms_p99:.1f}); TTFT mean {res.ttft_ms_mean:,.0f} ms "

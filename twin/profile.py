@@ -16,6 +16,7 @@ allows (see benchmarks/twin_fidelity.py).
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -179,6 +180,43 @@ class AdapterLoad:
 
 
 @dataclass(frozen=True)
+class PolicyTerms:
+    """Terms only the alternative serving policies read (``twin.policies``); all optional.
+
+    ``adapter_kv_tokens``: pool tokens one adapter of a rank occupies when memory is unified (S-LoRA,
+    Chameleon, Toppings, ELORA). Default: the profile's own KV table, the tokens one more
+    ``--max-loras`` slot of that rank costs (slope between its first two A_max points), linear in
+    rank between profiled ranks and proportional to rank beyond them (adapter bytes grow with rank).
+    ``cpu_lora_us_per_token_rank``: wall time of Toppings' CPU LoRA path per prompt token and unit
+    of rank. Default 6.1 µs from Toppings §6 (27 ms of CPU LoRA per request in S3: rank 64, q/k/v of
+    Llama2-7B, LMSYS-Chat-1M prompts of 69.5 tokens on average per the LMSYS-Chat-1M paper).
+    """
+
+    adapter_kv_tokens: dict[int, float] = field(default_factory=dict)
+    cpu_lora_us_per_token_rank: float = 6.1
+    source: str = ""
+
+    def adapter_tokens(self, kv: KVCapacity, rank: int) -> float:
+        table = dict(self.adapter_kv_tokens) or {r: _slot_tokens(kv, r) for r in kv.lora_ranks}
+        ranks = sorted(table)
+        if rank <= ranks[0]:
+            return table[ranks[0]] * rank / ranks[0]
+        if rank >= ranks[-1]:
+            return table[ranks[-1]] * rank / ranks[-1]
+        for lo, hi in itertools.pairwise(ranks):
+            if rank <= hi:
+                return table[lo] + (table[hi] - table[lo]) * (rank - lo) / (hi - lo)
+        raise AssertionError("unreachable")
+
+
+def _slot_tokens(kv: KVCapacity, rank: int) -> float:
+    """KV tokens one more adapter slot of ``rank`` costs at start-up (the KV table's first slope)."""
+    pts = [(a, t) for a, t in zip(kv.a_max_points, kv.tokens[rank]) if t is not None]
+    (a0, t0), (a1, t1) = pts[:2] if len(pts) >= 2 else ((0, kv.no_lora_tokens), pts[0])
+    return max(0.0, (t0 - t1) / (a1 - a0))
+
+
+@dataclass(frozen=True)
 class Profile:
     profile_id: str
     description: str
@@ -196,6 +234,7 @@ class Profile:
     step_latency_variants: dict[str, StepLatency] = field(default_factory=dict)
     #: Benchmarked max input+output tok/s of the backbone without LoRA (what MaxBase packs to); optional.
     backbone_max_throughput_tok_s: float | None = None
+    policy_terms: PolicyTerms = field(default_factory=PolicyTerms)
 
     def with_latency_variant(self, name: str) -> "Profile":
         """This profile with another step-latency model (e.g. the study's own constants)."""
@@ -388,6 +427,14 @@ def profile_from_dict(raw: Any, where: str = "profile") -> Profile:
     if missing:
         raise a.fail("by_max_lora_rank", f"lacks ranks {missing} that kv_capacity serves")
 
+    pt = r.sub("policy_terms") if r.get("policy_terms", None) is not None else _Reader({}, where, "policy_terms")
+    ad_tok = pt.sub("adapter_kv_tokens") if pt.get("adapter_kv_tokens", None) is not None else None
+    policy_terms = PolicyTerms(
+        adapter_kv_tokens={} if ad_tok is None else {int(k): ad_tok.num(k, min_value=0) for k in ad_tok.data},
+        cpu_lora_us_per_token_rank=pt.num("cpu_lora_us_per_token_rank", 6.1, min_value=0),
+        source=pt.str_("source", ""),
+    )
+
     d = r.sub("defaults")
     prov = r.get("provenance")
     if not isinstance(prov, dict) or not prov:
@@ -409,4 +456,5 @@ def profile_from_dict(raw: Any, where: str = "profile") -> Profile:
         step_latency_variants=variants,
         backbone_max_throughput_tok_s=(r.num("backbone_max_throughput_tok_s", positive=True)
                                        if r.get("backbone_max_throughput_tok_s", None) is not None else None),
+        policy_terms=policy_terms,
     )

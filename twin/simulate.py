@@ -40,6 +40,7 @@ class SimConfig:
     max_in_flight: int = 0  # client-side cap on requests in flight; 0 = none
     timeseries_dt_s: float = 0.0  # sample running/waiting/KV use every this many s; 0 = off
     trace_events: int = 0  # record up to this many scheduler events (tests)
+    policy: Any = None  # a twin.policies.PolicySpec; None = stock vLLM (twin.core)
 
 
 @dataclass
@@ -72,6 +73,8 @@ class SimResult:
     sim_wall_s: float
     timeseries: np.ndarray | None = None  # columns: t_s, running, waiting, kv_used_fraction
     trace: np.ndarray | None = None  # columns: step_start_s, request, tokens, event kind
+    policy: str = "vllm"
+    policy_stats: dict[str, Any] | None = None  # cache hit rate, evictions, load stalls, ... (non-stock)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -104,7 +107,9 @@ def simulate(
     """Simulate one vLLM server serving ``workload`` with ``--max-loras config.a_max``.
 
     Raises :class:`InfeasibleError` when the profile says the engine would not start
-    (a memory error) with this A_max and max_lora_rank.
+    (a memory error) with this A_max and max_lora_rank. With ``config.policy`` set, the server runs
+    that serving policy (``twin.policies``): memory is one pool of the profile's no-LoRA KV tokens,
+    so any A_max starts and it only caps the distinct adapters of one batch.
     """
     if config.a_max < 1:
         raise WorkloadError("a_max (--max-loras) must be >= 1")
@@ -112,7 +117,7 @@ def simulate(
         raise WorkloadError("duration must be > warm-up >= 0")
     eng = profile.engine
     rank = resolve_max_lora_rank(workload, profile, config.max_lora_rank)
-    kv_tokens = profile.kv.tokens_for(config.a_max, rank)
+    kv_tokens = profile.kv.tokens_for(config.a_max, rank) if config.policy is None else profile.kv.no_lora_tokens
     if kv_tokens is None:
         limit = profile.kv.max_a_max(rank)
         raise InfeasibleError(
@@ -137,6 +142,15 @@ def simulate(
     # Requests longer than max_model_len are refused by the server (HTTP 400).
     too_long = (requests.input_tokens.astype(np.int64) + requests.output_tokens) > eng.max_model_len
     arrival = np.where(too_long, np.inf, requests.arrival_s) if too_long.any() else requests.arrival_s
+    if config.policy is not None:
+        from twin.policies.run import run_policy
+
+        out, kv_tokens, stats = run_policy(config.policy, workload, profile, requests, arrival, load_ms, lat, sched,
+                                           config, config.seed)
+        res = _summarise(profile, config, rank, kv_tokens, n_ad, requests, *out, int(too_long.sum()),
+                         time.perf_counter() - t0)
+        res.policy, res.policy_stats = config.policy.name, stats
+        return res
     usable_blocks = kv_tokens // eng.block_size - 1  # vLLM keeps one null block
     (state, first_tok, finish, itl_sum, itl_cnt, itl_hist, counters, busy_s, ts, trace) = core.simulate_core(
         arrival, requests.adapter, requests.input_tokens, requests.output_tokens,

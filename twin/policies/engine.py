@@ -1,0 +1,615 @@
+"""Event loop of one server under an alternative serving policy (Chameleon, Toppings, ELORA, S-LoRA).
+
+It keeps vLLM V1's step model from ``twin.core`` (per-step token budget shared by running requests
+first, chunked prefill, KV blocks, recompute preemption of the newest running request, the
+profile's step latency and scheduler overhead) and changes what those systems change:
+
+* Memory is one pool of KV blocks that also holds the adapters (S-LoRA's unified paging, which
+  Chameleon, Toppings and ELORA all build on): an adapter takes blocks for its own rank, only while
+  it is on the GPU, instead of vLLM's ``a_max`` slots of ``max_lora_rank`` carved out at start-up.
+  ``a_max`` stays the most distinct adapters one batch may hold (vLLM's ``max_loras`` rule).
+* Adapters live in host memory and are copied over one PCIe channel, one at a time (FIFO), so
+  concurrent loads queue behind each other (the contention Chameleon measures). How a cold adapter
+  is served is the cold-start mode: ``inline`` (the load runs inside the step and stalls the whole
+  batch, vLLM/S-LoRA as Toppings describes them), ``async`` (copied in the background, only its
+  requests wait), ``cpu`` (Toppings: the request is admitted at once and its LoRA runs on CPU
+  cores while the copy proceeds).
+* Idle adapters (no running request) stay cached in free blocks until memory is needed; then the
+  cache rule picks victims (``rules.eviction_scores``): discard-after-use (S-LoRA), LRU, Chameleon's
+  score or ELORA's retention value. Adapters wanted by queued requests are evicted last.
+* Scheduling is vLLM's FIFO scan (a request whose adapter is not ready is skipped) or Chameleon's
+  multi-level queues with token quotas (strict FIFO per queue, phase-2 redistribution of the quota
+  of emptied queues; the opportunistic bypass is not modelled: a blocked head blocks its queue, the
+  blog variant of the paper). A request holds ``input + predicted output`` tokens of its queue's
+  quota from admission to finish. Deviation: the paper also debits its adapter's size per request;
+  with many running requests sharing an adapter that counts the same weights many times, so here
+  the adapter is paid once, in the memory pool, like every policy's adapters. Quotas share the
+  pool's tokens; KV blocks are still allocated as vLLM does (a mis-predicted output can preempt).
+* ELORA's swapper: every ``swap_period`` it brings in host adapters with the highest retention
+  value while the pool is below the idle threshold and fewer than ``Low_lora`` LoRAs are resident.
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from twin.core import (
+    EV_ADMITTED,
+    EV_FINISHED,
+    EV_PREEMPTED,
+    EV_SCHEDULED,
+    FINISHED,
+    ITL_HIST_BINS_PER_DECADE,
+    ITL_HIST_DECADES,
+    REJECTED,
+    RUNNING,
+    WAITING,
+    _itl_bin,
+)
+from twin.policies.rules import (
+    CACHE_DISCARD,
+    CACHE_ELORA,
+    P_BATCH_WINDOW_S,
+    P_CPU_SYNC_MS,
+    P_FREQ_WINDOW_S,
+    P_IDLE_THRESHOLD,
+    P_REFRESH_S,
+    P_SLO_S,
+    P_SWAP_PERIOD_S,
+    P_WRS_A,
+    P_WRS_B,
+    decayed,
+    eviction_scores,
+    kmeans_boundaries,
+    low_lora,
+    mlq_quotas,
+    queue_of,
+)
+
+SCHED_FIFO, SCHED_MLQ = 0, 1
+COLD_INLINE, COLD_ASYNC, COLD_CPU = 0, 1, 2
+AD_HOST, AD_LOADING, AD_GPU = 0, 1, 2
+
+# Indices into the integer parameter vector.
+I_CACHE, I_SCHED, I_COLD, I_PREFETCH, I_QUEUES, I_PRELOAD = 0, 1, 2, 3, 4, 5
+N_INT_PARAMS = 6
+
+# Policy statistics returned next to the counters.
+S_HITS, S_MISSES, S_EVICTIONS, S_STALL_S, S_CPU_STEPS, S_PEAK_RESIDENT, S_SWAP_INS, S_REFRESHES, S_LOADS = range(9)
+N_STATS = 9
+
+
+@nb.njit(cache=True)
+def _settle(a, now, ad_state, ad_ready):
+    if ad_state[a] == AD_LOADING and ad_ready[a] <= now:
+        ad_state[a] = AD_GPU
+
+
+@nb.njit(cache=True)
+def _make_room(need, protect, now, mode, ad_state, ad_ready, rc, qc, freq, freq_t, last_used, ad_tokens,
+               ad_blocks, load_ms, fp, mem, stats):
+    """Evict idle adapters until ``need`` blocks are free (``mem[0]``); idle = on the GPU with no
+    running request; those no queued request wants go first, then the others. False if it cannot."""
+    na = ad_state.shape[0]
+    cand = np.zeros(na, np.bool_)
+    for tier in range(2):
+        while mem[0] < need:
+            n_c = 0
+            for a in range(na):
+                _settle(a, now, ad_state, ad_ready)
+                cand[a] = (ad_state[a] == AD_GPU and rc[a] == 0 and a != protect and ad_blocks[a] > 0
+                           and (qc[a] > 0) == (tier == 1))
+                n_c += cand[a]
+            if n_c == 0:
+                break
+            score = eviction_scores(mode, now, cand, freq, freq_t, last_used, ad_tokens, load_ms, fp)
+            v = int(np.argmin(score))
+            ad_state[v] = AD_HOST
+            mem[0] += ad_blocks[v]
+            mem[1] -= 1
+            stats[S_EVICTIONS] += 1
+    return mem[0] >= need
+
+
+@nb.njit(cache=True)
+def _start_load(a, now, mode, ad_state, ad_ready, rc, qc, freq, freq_t, last_used, ad_tokens, ad_blocks,
+                load_ms, fp, mem, stats, pcie):
+    """Reserve ``a``'s blocks and queue its copy on the PCIe channel (``pcie[0]``: when it is free)."""
+    if not _make_room(ad_blocks[a], a, now, mode, ad_state, ad_ready, rc, qc, freq, freq_t, last_used, ad_tokens,
+                      ad_blocks, load_ms, fp, mem, stats):
+        return False
+    mem[0] -= ad_blocks[a]
+    mem[1] += 1
+    stats[S_PEAK_RESIDENT] = max(stats[S_PEAK_RESIDENT], mem[1])
+    start = max(now, pcie[0])
+    ad_ready[a] = start + load_ms[a] / 1000.0
+    pcie[0] = ad_ready[a]
+    ad_state[a] = AD_LOADING
+    stats[S_LOADS] += 1
+    return True
+
+
+@nb.njit(cache=True)
+def _q_push(r, q, front, q_head, q_tail, nxt, prv):
+    if front:
+        nxt[r] = q_head[q]
+        prv[r] = -1
+        if q_head[q] >= 0:
+            prv[q_head[q]] = r
+        else:
+            q_tail[q] = r
+        q_head[q] = r
+    else:
+        prv[r] = q_tail[q]
+        nxt[r] = -1
+        if q_tail[q] >= 0:
+            nxt[q_tail[q]] = r
+        else:
+            q_head[q] = r
+        q_tail[q] = r
+
+
+@nb.njit(cache=True)
+def _q_remove(r, q, q_head, q_tail, nxt, prv):
+    if prv[r] >= 0:
+        nxt[prv[r]] = nxt[r]
+    else:
+        q_head[q] = nxt[r]
+    if nxt[r] >= 0:
+        prv[nxt[r]] = prv[r]
+    else:
+        q_tail[q] = prv[r]
+
+
+@nb.njit(cache=True)
+def simulate_policy_core(
+    arrival, adapter, in_len, out_len, out_pred,  # requests, sorted by arrival
+    ad_tokens, ad_blocks, ad_load_ms, ad_cpu_ms_per_token,  # per adapter
+    duration, a_max, pool_blocks, block_size, max_batched, max_num_seqs, full_prompt_admission,
+    lat, sched, ip, fp, max_in_flight, ts_dt, trace_cap,
+):
+    n = arrival.shape[0]
+    na = ad_tokens.shape[0]
+    cache_mode, sched_mode, cold = ip[I_CACHE], ip[I_SCHED], ip[I_COLD]
+    nq = ip[I_QUEUES] if sched_mode == SCHED_MLQ else 1
+
+    state = np.zeros(n, np.int8)
+    computed = np.zeros(n, np.int32)
+    ntok = in_len.astype(np.int32).copy()
+    blocks = np.zeros(n, np.int32)
+    first_tok = np.full(n, -1.0)
+    finish = np.full(n, -1.0)
+    last_tok = np.full(n, -1.0)
+    admit_t = np.full(n, -1.0)
+    itl_sum = np.zeros(n)
+    itl_cnt = np.zeros(n, np.int32)
+    nxt = np.full(n, -1, np.int64)
+    prv = np.full(n, -1, np.int64)
+    req_q = np.zeros(n, np.int64)
+    wrs = np.zeros(n)
+    need_res = np.zeros(n)  # tokens a request holds of its queue quota (MLQ)
+    borrow = np.zeros(n)
+
+    q_head = np.full(nq, -1, np.int64)
+    q_tail = np.full(nq, -1, np.int64)
+    bounds = np.empty(max(nq - 1, 0))
+    for q in range(nq - 1):
+        bounds[q] = (q + 1.0) / nq  # static equal-range queues until the first refresh
+    quota = np.full(nq, float(pool_blocks * block_size) / nq)
+    used = np.zeros(nq)
+    borrowed = 0.0
+    max_in_seen, max_out_seen = 1.0, 1.0
+    max_ad_tokens = max(1.0, float(ad_tokens.max())) if na > 0 else 1.0
+    next_refresh = fp[P_REFRESH_S]
+    win_lo = 0
+
+    ad_state = np.zeros(na, np.int8)
+    ad_ready = np.zeros(na)
+    rc = np.zeros(na, np.int64)
+    qc = np.zeros(na, np.int64)
+    freq = np.zeros(na)
+    freq_t = np.zeros(na)
+    last_used = np.zeros(na)
+    stats = np.zeros(N_STATS)
+    mem = np.zeros(2, np.int64)  # free blocks, resident (or loading) adapters
+    mem[0] = pool_blocks
+    pcie = np.zeros(1)
+    if ip[I_PRELOAD]:
+        for a in range(na):
+            if mem[0] >= ad_blocks[a]:
+                ad_state[a] = AD_GPU
+                mem[0] -= ad_blocks[a]
+                mem[1] += 1
+    batch_stamp = np.full(na, -1, np.int64)
+    ad_prompt_tok = np.zeros(na)
+
+    running = np.zeros(max(1, min(n, max_num_seqs)), np.int64)
+    sched_req = np.zeros(max_batched + max_num_seqs, np.int64)
+    sched_tok = np.zeros(max_batched + max_num_seqs, np.int64)
+    batch_ads = np.zeros(max_batched + max_num_seqs, np.int64)
+
+    n_hist = ITL_HIST_BINS_PER_DECADE * ITL_HIST_DECADES
+    itl_hist = np.zeros(n_hist + 2, np.int64)
+    n_ts = int(duration / ts_dt) + 2 if ts_dt > 0 else 0
+    ts = np.zeros((n_ts, 4))
+    ts_i = 0
+    next_ts = 0.0
+    trace = np.zeros((trace_cap, 4), np.float64)
+    tr_i = 0
+
+    nrun = 0
+    n_waiting = 0
+    n_distinct = 0
+    next_arr = 0
+    now = 0.0
+    step = 0
+    preemptions = 0
+    rejected = 0
+    busy_s = 0.0
+    bs_avg = 1.0
+    next_swap = 0.0
+    fw = fp[P_FREQ_WINDOW_S]
+
+    while True:
+        # 1. Arrivals join the back of their queue; their adapter's copy starts (prefetch).
+        while next_arr < n and arrival[next_arr] <= now:
+            r = next_arr
+            a = adapter[r]
+            next_arr += 1
+            if max_in_flight > 0 and nrun + n_waiting >= max_in_flight:
+                state[r] = REJECTED
+                rejected += 1
+                continue
+            state[r] = WAITING
+            n_waiting += 1
+            qc[a] += 1
+            freq[a] = decayed(freq[a], freq_t[a], now, fw) + 1.0
+            freq_t[a] = now
+            _settle(a, now, ad_state, ad_ready)
+            stats[S_HITS if ad_state[a] != AD_HOST else S_MISSES] += 1
+            if sched_mode == SCHED_MLQ:
+                max_in_seen = max(max_in_seen, float(in_len[r]))
+                max_out_seen = max(max_out_seen, float(out_pred[r]))
+                wrs[r] = ((fp[P_WRS_A] * in_len[r] / max_in_seen + fp[P_WRS_B] * out_pred[r] / max_out_seen)
+                          * max(ad_tokens[a], 1) / max_ad_tokens)
+                req_q[r] = queue_of(wrs[r], bounds)
+                need_res[r] = in_len[r] + out_pred[r]
+            _q_push(r, req_q[r], False, q_head, q_tail, nxt, prv)
+            if ip[I_PREFETCH] and cold != COLD_INLINE and ad_state[a] == AD_HOST:
+                _start_load(a, now, cache_mode, ad_state, ad_ready, rc, qc, freq, freq_t, last_used, ad_tokens,
+                            ad_blocks, ad_load_ms, fp, mem, stats, pcie)
+
+        while ts_dt > 0 and next_ts <= now and ts_i < n_ts:
+            ts[ts_i, 0] = next_ts
+            ts[ts_i, 1] = nrun
+            ts[ts_i, 2] = n_waiting
+            ts[ts_i, 3] = (pool_blocks - mem[0]) / pool_blocks
+            ts_i += 1
+            next_ts += ts_dt
+
+        if now >= duration:
+            break
+
+        # Chameleon: re-form the queues and their quotas from the last refresh period's requests.
+        if sched_mode == SCHED_MLQ and now >= next_refresh:
+            t_ref = fp[P_REFRESH_S]
+            while win_lo < next_arr and arrival[win_lo] < now - t_ref:
+                win_lo += 1
+            m = next_arr - win_lo
+            if m > 0:
+                bounds = kmeans_boundaries(wrs[win_lo:next_arr].copy(), nq)
+                s_max = np.zeros(nq)
+                cnt = np.zeros(nq)
+                d_sum = np.zeros(nq)
+                d_cnt = np.zeros(nq)
+                for r in range(win_lo, next_arr):
+                    q = queue_of(wrs[r], bounds)
+                    cnt[q] += 1
+                    s_max[q] = max(s_max[q], need_res[r])
+                    if state[r] == FINISHED:
+                        d_sum[q] += finish[r] - admit_t[r]
+                        d_cnt[q] += 1
+                d_all = d_sum.sum() / d_cnt.sum() if d_cnt.sum() > 0 else 0.0
+                dq = np.zeros(nq)
+                for q in range(nq):
+                    dq[q] = d_sum[q] / d_cnt[q] if d_cnt[q] > 0 else d_all
+                quota = mlq_quotas(s_max, dq, cnt / t_ref, fp[P_SLO_S], float(pool_blocks * block_size))
+                stats[S_REFRESHES] += 1
+            next_refresh = now + t_ref
+
+        # ELORA: periodic swap-in of valuable host adapters while memory is idle.
+        if cache_mode == CACHE_ELORA and now >= next_swap:
+            target = low_lora(freq, freq_t, now, fp[P_BATCH_WINDOW_S], bs_avg)
+            idle_blocks = int((1.0 - fp[P_IDLE_THRESHOLD]) * pool_blocks)
+            while mem[1] < np.ceil(target):
+                cand = np.zeros(na, np.bool_)
+                for a in range(na):
+                    cand[a] = ad_state[a] == AD_HOST and freq[a] > 0 and mem[0] - ad_blocks[a] >= idle_blocks
+                if not cand.any():
+                    break
+                score = eviction_scores(cache_mode, now, cand, freq, freq_t, last_used, ad_tokens, ad_load_ms, fp)
+                best = int(np.argmax(np.where(cand, score, -1.0)))
+                _start_load(best, now, cache_mode, ad_state, ad_ready, rc, qc, freq, freq_t, last_used,
+                            ad_tokens, ad_blocks, ad_load_ms, fp, mem, stats, pcie)
+                stats[S_SWAP_INS] += 1
+            next_swap = now + fp[P_SWAP_PERIOD_S]
+
+        if nrun == 0 and n_waiting == 0:
+            if next_arr >= n:
+                break
+            now = arrival[next_arr]
+            continue
+
+        # 2. RUNNING loop: KV for the new tokens; take blocks from idle adapters, then preempt.
+        budget = max_batched
+        nsched = 0
+        preempted_now = False
+        i = 0
+        while i < nrun and budget > 0:
+            r = running[i]
+            num_new = min(ntok[r] - computed[r], budget)
+            need = (computed[r] + num_new + block_size - 1) // block_size - blocks[r]
+            if need > mem[0]:
+                _make_room(need, -1, now, cache_mode, ad_state, ad_ready, rc, qc, freq, freq_t, last_used,
+                           ad_tokens, ad_blocks, ad_load_ms, fp, mem, stats)
+            scheduled = True
+            while need > mem[0]:
+                v = running[nrun - 1]
+                nrun -= 1
+                av = adapter[v]
+                mem[0] += blocks[v]
+                blocks[v] = 0
+                computed[v] = 0
+                state[v] = WAITING
+                n_waiting += 1
+                qc[av] += 1
+                preemptions += 1
+                if sched_mode == SCHED_MLQ:
+                    if borrow[v] > 0:
+                        borrowed -= borrow[v]
+                        borrow[v] = 0.0
+                    else:
+                        used[req_q[v]] -= need_res[v]
+                _q_push(v, req_q[v], True, q_head, q_tail, nxt, prv)
+                rc[av] -= 1
+                if rc[av] == 0:
+                    n_distinct -= 1
+                preempted_now = True
+                if tr_i < trace_cap:
+                    trace[tr_i, 0] = now
+                    trace[tr_i, 1] = v
+                    trace[tr_i, 2] = 0
+                    trace[tr_i, 3] = EV_PREEMPTED
+                    tr_i += 1
+                if v == r:
+                    scheduled = False
+                    break
+            if not scheduled:
+                break
+            blocks[r] += need
+            mem[0] -= need
+            sched_req[nsched] = r
+            sched_tok[nsched] = num_new
+            nsched += 1
+            budget -= num_new
+            i += 1
+        n_sched_running = nsched
+
+        # 3. WAITING: FIFO scan (skip what is not ready) or Chameleon's two-phase quota fill.
+        inline_ms = 0.0
+        if not preempted_now:
+            leftover = 0.0
+            for phase in range(2 if sched_mode == SCHED_MLQ else 1):
+                for q in range(nq):
+                    if phase == 1 and leftover <= 0:
+                        break
+                    r = q_head[q]
+                    while r >= 0 and budget > 0 and nrun < max_num_seqs:
+                        nr = nxt[r]
+                        a = adapter[r]
+                        if sched_mode == SCHED_MLQ:
+                            # A queue with nothing running may always start its head (Choice: else a
+                            # quota below one request's size would starve the queue for good).
+                            allow = quota[q] - used[q] if phase == 0 else leftover
+                            if need_res[r] > allow and not (phase == 0 and used[q] <= 0):
+                                break
+                        if rc[a] == 0 and n_distinct >= a_max:
+                            # vLLM's max_loras rule skips, in every scheduler (Choice for Chameleon:
+                            # S-LoRA has no such limit; a blocked head here would idle the queue).
+                            r = nr
+                            continue
+                        _settle(a, now, ad_state, ad_ready)
+                        inline_load = False
+                        if ad_state[a] == AD_HOST:
+                            if cold == COLD_INLINE:
+                                inline_load = True
+                            else:
+                                _start_load(a, now, cache_mode, ad_state, ad_ready, rc, qc, freq, freq_t, last_used,
+                                            ad_tokens, ad_blocks, ad_load_ms, fp, mem, stats, pcie)
+                        if (cold == COLD_ASYNC and ad_state[a] != AD_GPU) or (cold == COLD_CPU and ad_state[a] == AD_HOST):
+                            if sched_mode == SCHED_FIFO:
+                                r = nr
+                                continue
+                            break
+                        num_new = min(ntok[r] - computed[r], budget)
+                        need = (num_new + block_size - 1) // block_size
+                        check = (ntok[r] + block_size - 1) // block_size if full_prompt_admission else need
+                        extra = ad_blocks[a] if inline_load else 0
+                        if check + extra > mem[0]:
+                            _make_room(check + extra, a, now, cache_mode, ad_state, ad_ready, rc, qc, freq, freq_t,
+                                       last_used, ad_tokens, ad_blocks, ad_load_ms, fp, mem, stats)
+                        if check + extra > mem[0]:
+                            own = ad_blocks[a] if ad_state[a] != AD_HOST else 0
+                            if nrun == 0 and nsched == 0 and check + extra > pool_blocks - own:
+                                # Cannot fit even into an empty pool: the server refuses it.
+                                state[r] = REJECTED
+                                rejected += 1
+                                n_waiting -= 1
+                                qc[a] -= 1
+                                _q_remove(r, q, q_head, q_tail, nxt, prv)
+                                r = nr
+                                continue
+                            break
+                        if inline_load:
+                            ad_state[a] = AD_GPU
+                            mem[0] -= ad_blocks[a]
+                            mem[1] += 1
+                            stats[S_PEAK_RESIDENT] = max(stats[S_PEAK_RESIDENT], mem[1])
+                            inline_ms += ad_load_ms[a]
+                            stats[S_LOADS] += 1
+                        if sched_mode == SCHED_MLQ:
+                            if phase == 0:
+                                used[q] += need_res[r]
+                            else:
+                                borrow[r] = need_res[r]
+                                borrowed += need_res[r]
+                                leftover -= need_res[r]
+                        blocks[r] = need
+                        mem[0] -= need
+                        state[r] = RUNNING
+                        if admit_t[r] < 0:
+                            admit_t[r] = now
+                        running[nrun] = r
+                        nrun += 1
+                        if rc[a] == 0:
+                            n_distinct += 1
+                        rc[a] += 1
+                        qc[a] -= 1
+                        n_waiting -= 1
+                        _q_remove(r, q, q_head, q_tail, nxt, prv)
+                        sched_req[nsched] = r
+                        sched_tok[nsched] = num_new
+                        nsched += 1
+                        budget -= num_new
+                        r = nr
+                    if phase == 0 and sched_mode == SCHED_MLQ and q_head[q] < 0:
+                        leftover += max(0.0, quota[q] - used[q])
+                if phase == 0:
+                    leftover = max(0.0, leftover - borrowed)
+
+        if nsched == 0:
+            # Nothing runnable: wait for the next arrival or the next adapter copy to land.
+            t_next = arrival[next_arr] if next_arr < n else np.inf
+            for a in range(na):
+                if ad_state[a] == AD_LOADING:
+                    t_next = min(t_next, ad_ready[a])
+            if t_next == np.inf:
+                break
+            now = max(now, t_next)
+            continue
+
+        # 4. Step cost: the profile's model, inline loads, CPU-assisted LoRA of loading adapters.
+        n_tokens = 0
+        n_decode = 0
+        n_batch_ads = 0
+        for j in range(nsched):
+            r = sched_req[j]
+            n_tokens += sched_tok[j]
+            if sched_tok[j] == 1 and computed[r] == ntok[r] - 1 and ntok[r] > in_len[r]:
+                n_decode += 1
+            a = adapter[r]
+            if batch_stamp[a] != step:
+                batch_stamp[a] = step
+                batch_ads[n_batch_ads] = a
+                n_batch_ads += 1
+                ad_prompt_tok[a] = 0.0
+            ad_prompt_tok[a] += sched_tok[j]
+        b = float(nsched)
+        prompt_tokens = float(n_tokens - n_decode)
+        step_ms = (lat[1] + lat[0] * b + lat[2] * prompt_tokens) * (lat[4] + lat[3] * n_batch_ads) / 100.0
+        if n_batch_ads > 0:
+            step_ms += lat[5] + lat[6] * b + lat[7] * n_batch_ads
+        cpu_extra = -1.0
+        for j in range(n_batch_ads):
+            a = batch_ads[j]
+            last_used[a] = now
+            if ad_state[a] == AD_LOADING and ad_ready[a] > now:
+                # Toppings: the not-yet-copied share of the adapter's layers runs on CPU cores,
+                # overlapped with the GPU's base-model work; the step waits for the slower side.
+                left = min(1.0, (ad_ready[a] - now) / max(ad_load_ms[a] / 1000.0, 1e-12))
+                cpu_ms = ad_prompt_tok[a] * ad_cpu_ms_per_token[a] * left
+                cpu_extra = max(cpu_extra, max(0.0, cpu_ms - step_ms))
+        if cpu_extra >= 0:
+            step_ms += cpu_extra + fp[P_CPU_SYNC_MS]
+            stats[S_CPU_STEPS] += 1
+        sched_us = sched[0] * nrun + sched[1] * n_waiting + sched[2] * n_waiting * a_max / sched[4] + sched[3]
+        if sched_us > 0:
+            step_ms += sched_us / 1000.0
+        dt = (step_ms + inline_ms) / 1000.0
+        stats[S_STALL_S] += inline_ms / 1000.0
+        t_end = now + dt
+        busy_s += dt
+        k_bs = np.exp(-dt / fp[P_BATCH_WINDOW_S])
+        bs_avg = bs_avg * k_bs + b * (1.0 - k_bs)
+
+        if trace_cap > 0:
+            for j in range(nsched):
+                if tr_i < trace_cap:
+                    trace[tr_i, 0] = now
+                    trace[tr_i, 1] = sched_req[j]
+                    trace[tr_i, 2] = sched_tok[j]
+                    trace[tr_i, 3] = EV_SCHEDULED if j < n_sched_running else EV_ADMITTED
+                    tr_i += 1
+
+        # 5. Apply the step: computed tokens, sampled tokens, finished requests free their memory.
+        any_finished = False
+        step_bin = -1
+        for j in range(nsched):
+            r = sched_req[j]
+            computed[r] += sched_tok[j]
+            if computed[r] == ntok[r]:
+                ntok[r] += 1
+                if first_tok[r] < 0:
+                    first_tok[r] = t_end
+                if last_tok[r] >= 0:
+                    gap = t_end - last_tok[r]
+                    itl_sum[r] += gap
+                    itl_cnt[r] += 1
+                    if last_tok[r] == now:
+                        if step_bin < 0:
+                            step_bin = _itl_bin(gap, n_hist)
+                        itl_hist[step_bin] += 1
+                    else:
+                        itl_hist[_itl_bin(gap, n_hist)] += 1
+                last_tok[r] = t_end
+                if ntok[r] - in_len[r] >= out_len[r]:
+                    state[r] = FINISHED
+                    finish[r] = t_end
+                    any_finished = True
+                    if tr_i < trace_cap:
+                        trace[tr_i, 0] = now
+                        trace[tr_i, 1] = r
+                        trace[tr_i, 2] = 0
+                        trace[tr_i, 3] = EV_FINISHED
+                        tr_i += 1
+        if any_finished:
+            k = 0
+            for j in range(nrun):
+                r = running[j]
+                if state[r] == FINISHED:
+                    mem[0] += blocks[r]
+                    blocks[r] = 0
+                    a = adapter[r]
+                    rc[a] -= 1
+                    if sched_mode == SCHED_MLQ:
+                        if borrow[r] > 0:
+                            borrowed -= borrow[r]
+                        else:
+                            used[req_q[r]] -= need_res[r]
+                    if rc[a] == 0:
+                        n_distinct -= 1
+                        if cache_mode == CACHE_DISCARD and qc[a] == 0 and ad_blocks[a] > 0:
+                            ad_state[a] = AD_HOST  # S-LoRA: an adapter no request uses leaves the GPU
+                            mem[0] += ad_blocks[a]
+                            mem[1] -= 1
+                else:
+                    running[k] = r
+                    k += 1
+            nrun = k
+        now = t_end
+        step += 1
+
+    counters = np.array([preemptions, int(stats[S_LOADS]), rejected, step, ts_i, tr_i], np.int64)
+    return (state, first_tok, finish, itl_sum, itl_cnt, itl_hist, counters, busy_s, ts[:ts_i], trace[:tr_i],
+            stats)
