@@ -338,7 +338,8 @@ def simulate_policy_core(
         if nrun == 0 and n_waiting == 0:
             if next_arr >= n:
                 break
-            now = arrival[next_arr]
+            # An idle ELORA server still runs its swapper every period.
+            now = min(arrival[next_arr], next_swap) if cache_mode == CACHE_ELORA else arrival[next_arr]
             continue
 
         # 2. RUNNING loop: KV for the new tokens; take blocks from idle adapters, then preempt.

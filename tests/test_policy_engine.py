@@ -1,0 +1,145 @@
+"""Serving policies in the twin's loop on small hand-checked cases (twin.policies.engine)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from twin import Adapter, SimConfig, Workload, simulate, trace_requests
+from twin.core import EV_ADMITTED
+from twin.policies import policy_from_name
+
+
+@pytest.fixture
+def prof(make_profile):
+    """10 ms steps, 25 ms adapter copies, adapters of 160 pool tokens, CPU LoRA 8 ms per prompt token."""
+    return make_profile(step_latency_ms={"k4_ms_per_request": 0.0, "k5_ms": 10.0},
+                        adapter_load_ms={"by_max_lora_rank": {"8": {"8": 25.0}, "16": {"16": 25.0}}},
+                        policy_terms={"adapter_kv_tokens": {"8": 160}, "cpu_lora_us_per_token_rank": 1000.0})
+
+
+def run(prof, wl, times, ads, ins, outs, policy, a_max=4, **params):
+    req = trace_requests(wl, times, ads, ins, outs)
+    cfg = SimConfig(a_max=a_max, duration_s=100, trace_events=10_000, policy=policy_from_name(policy, **params))
+    return simulate(wl, prof, cfg, req), req
+
+
+ONE = Workload((Adapter("a", 8, 0.0),))
+
+
+def test_cold_start_modes_hand_off_between_cpu_and_gpu(prof):
+    """A 10-token prompt on a cold adapter (25 ms copy, 10 ms step)."""
+    inline, _ = run(prof, ONE, [0.0], ["a"], [10], [2], "slora", cold_start="inline")
+    assert inline.ttft_ms_mean == pytest.approx(25 + 10)  # the copy runs inside the step
+    assert inline.policy_stats["load_stall_s"] == pytest.approx(0.025)
+    waited, _ = run(prof, ONE, [0.0], ["a"], [10], [2], "slora")
+    assert waited.ttft_ms_mean == pytest.approx(25 + 10)  # waits for the copy, then one step
+    assert waited.policy_stats["load_stall_s"] == 0.0
+    cpu, _ = run(prof, ONE, [0.0], ["a"], [10], [2], "toppings")
+    # CPU LoRA: 10 tokens x rank 8 x 1 µs = 80 ms, of which 10 overlap the GPU step; + 1 ms sync
+    assert cpu.ttft_ms_mean == pytest.approx(80 + 1)
+    assert cpu.policy_stats["cpu_assisted_steps"] == 1  # the copy has landed by the next step
+    assert cpu.itl_ms_mean == pytest.approx(10)
+
+
+def test_cpu_share_shrinks_as_the_copy_proceeds(prof, make_profile):
+    slow = make_profile(step_latency_ms={"k4_ms_per_request": 0.0, "k5_ms": 10.0},
+                        adapter_load_ms={"by_max_lora_rank": {"8": {"8": 200.0}, "16": {"16": 200.0}}},
+                        policy_terms={"adapter_kv_tokens": {"8": 160}, "cpu_lora_us_per_token_rank": 1000.0})
+    # Two requests of one adapter, the second arrives 100 ms into the 200 ms copy: half of its layers
+    # still run on CPU (40 of 80 ms).
+    res, _ = run(slow, ONE, [0.0, 0.1], ["a", "a"], [10, 10], [1, 1], "toppings", cpu_sync_ms=0.0, cache="lru")
+    assert res.adapter_loads == 1
+    assert res.policy_stats["cpu_assisted_steps"] == 2
+    assert res.ttft_ms_mean == pytest.approx((80 + 40) / 2)
+
+
+def test_inline_loads_stall_running_decodes_async_loads_do_not(prof):
+    wl = Workload((Adapter("a", 8, 0.0), Adapter("b", 8, 0.0)))
+    args = (wl, [0.0, 0.1], ["a", "b"], [10, 10], [30, 2])
+    inline, _ = run(prof, *args, "slora", cold_start="inline")
+    waited, _ = run(prof, *args, "slora")
+    assert inline.itl_ms_p99 > 30 and waited.itl_ms_p99 < 11  # a's decode paid b's copy inline
+    assert inline.policy_stats["load_stall_s"] == pytest.approx(0.050)
+
+
+def test_discard_after_use_reloads_a_cache_keeps(prof):
+    times, ads = [0.0, 5.0, 10.0], ["a", "a", "a"]
+    slora, _ = run(prof, ONE, times, ads, [10] * 3, [2] * 3, "slora")
+    cached, _ = run(prof, ONE, times, ads, [10] * 3, [2] * 3, "chameleon")
+    assert slora.adapter_loads == 3 and cached.adapter_loads == 1
+    assert cached.policy_stats["adapter_hit_rate"] == pytest.approx(2 / 3)
+    assert cached.ttft_ms_p50 == pytest.approx(10)
+
+
+def test_memory_pressure_evicts_by_the_cache_rule(make_profile):
+    """Pool of 299 blocks; adapters of 100 blocks; a 1000-token prompt needs 63 blocks."""
+    p = make_profile(step_latency_ms={"k4_ms_per_request": 0.0, "k5_ms": 10.0},
+                     policy_terms={"adapter_kv_tokens": {"8": 1600}})
+    wl = Workload(tuple(Adapter(x, 8, 0.0) for x in "abcd"))
+    # a used 3 times, then b, c once each: a, b, c cached (300 blocks > 299: c's load evicts one).
+    times = [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    ads = ["a", "a", "a", "b", "c", "d"]
+    ins, outs = [10] * 6, [2] * 6
+    lru, _ = run(p, wl, times, ads, ins, outs, "slora", cache="lru")
+    cham, _ = run(p, wl, times, ads, ins, outs, "chameleon", scheduler="fifo")
+    # LRU drops a (oldest) for c and b for d: a is gone. Chameleon keeps the frequently used a.
+    assert lru.policy_stats["evictions"] == 2 and cham.policy_stats["evictions"] == 2
+    more = ([6.0], ["a"])
+    lru2, _ = run(p, wl, times + more[0], ads + more[1], ins + [10], outs + [2], "slora", cache="lru")
+    cham2, _ = run(p, wl, times + more[0], ads + more[1], ins + [10], outs + [2], "chameleon", scheduler="fifo")
+    assert lru2.adapter_loads == 5  # a, b, c, d, and a again
+    assert cham2.adapter_loads == 4  # a still cached
+
+
+def test_mlq_serves_small_requests_first_and_holds_quota_until_finish(prof):
+    wl = Workload((Adapter("a", 8, 0.0),))
+    # Three large requests (1000 + 500 tokens each) then a small one, all at t=0, two queues with
+    # the static start-up split: quota 4784 / 2 = 2392 tokens per queue.
+    res, _ = run(prof, wl, [0.0, 0.0, 0.0, 0.0], ["a"] * 4, [1000, 1000, 1000, 10], [500, 500, 500, 2],
+                   "chameleon", queues=2, output_prediction_sigma=0.0, prefetch=True)
+    ev = res.trace
+    admitted = [(t, int(r)) for t, r, _tok, kind in ev if kind == EV_ADMITTED]
+    first = {}
+    for t, r in admitted:
+        first.setdefault(r, t)
+    assert admitted[0][1] == 3  # the small request goes first although it arrived last
+    # Large request 0 fits its queue's quota, 1 borrows the emptied small queue's quota, 2 waits
+    # for one of them to finish and return its quota (KV alone would have admitted it at once).
+    assert first[1] < 1.0
+    fifo, _ = run(prof, wl, [0.0, 0.0, 0.0, 0.0], ["a"] * 4, [1000, 1000, 1000, 10], [500, 500, 500, 2], "slora")
+    fifo_first = {}
+    for t, r, _tok, kind in fifo.trace:
+        if kind == EV_ADMITTED:
+            fifo_first.setdefault(int(r), t)
+    assert fifo_first[2] < 1.0
+    assert first[2] > 5.0  # after hundreds of decode steps of request 0 or 1
+    assert res.finished_requests == 4 and res.preemptions == 0
+
+
+def test_elora_swaps_back_recently_used_adapters_when_memory_is_idle(make_profile):
+    """Pool of 999 blocks, adapters of 100. Six adapters are used once and stay cached; then eight
+    long requests of adapters a, b grow their KV and evict all six. When those finish the pool is
+    idle and the batch has been ~8: Low_lora = 2(1 - (10/14)^8) + 6(1 - (13/14)^8) = 4.5, so the
+    swapper brings 3 of the six back (5 resident), while z, never used, stays on the host."""
+    p = make_profile(step_latency_ms={"k4_ms_per_request": 0.0, "k5_ms": 10.0},
+                     policy_terms={"adapter_kv_tokens": {"8": 1600}}, **{"kv_capacity.no_lora_tokens": 16000})
+    wl = Workload(tuple(Adapter(x, 8, 0.0) for x in "abcdefghz"))
+    times = [0.0] * 6 + [1.0] * 8 + [40.0]
+    ads = list("cdefgh") + ["a", "b"] * 4 + ["a"]
+    ins, outs = [10] * 15, [2] * 6 + [1500] * 8 + [2]
+    res, _ = run(p, wl, times, ads, ins, outs, "elora", a_max=9)
+    st = res.policy_stats
+    assert st["evictions"] == 6
+    assert st["swap_ins"] == 3
+    assert res.adapter_loads == 8 + 3
+    slora, _ = run(p, wl, times, ads, ins, outs, "slora", a_max=9)
+    assert slora.policy_stats["swap_ins"] == 0
+
+
+def test_stock_twin_is_untouched_by_the_policy_field(prof):
+    wl = Workload((Adapter("a", 8, 0.5, 40, 10), Adapter("b", 8, 0.5, 40, 10)))
+    a = simulate(wl, prof, SimConfig(a_max=1, duration_s=120))
+    b = simulate(wl, prof, SimConfig(a_max=1, duration_s=120, policy=policy_from_name("vllm")))
+    assert a.policy == b.policy == "vllm" and a.policy_stats is None
+    assert a.total_throughput_tok_s == b.total_throughput_tok_s and np.isclose(a.ttft_ms_p99, b.ttft_ms_p99)
