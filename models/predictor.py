@@ -3,15 +3,18 @@
 A :class:`Predictor` answers for a batch of :class:`GpuScenario`. Backends:
 
 * ``twin`` — runs the digital twin on each scenario (slow, exact; for checks and as the fallback
-  while no surrogate is trained for a profile);
+  while no surrogate is trained for a profile and policy);
 * ``surrogate`` — the compiled random forests of ``artifacts/surrogates/<profile-id>/``
-  (:mod:`models.surrogate`);
+  (:mod:`models.surrogate`; a non-stock serving policy has its own subdirectory);
 * ``small-tree`` — the distilled trees of at most 32 rules from the same artifact.
 
-:func:`default_predictor_kind` picks ``surrogate`` when a usable artifact exists, else ``twin``.
+Every predictor answers for one serving policy (``policy``: a :class:`twin.policies.PolicySpec`,
+None for stock vLLM). :func:`default_predictor_kind` picks ``surrogate`` when a usable artifact
+for that profile and policy exists, else ``twin``.
 
-Memory feasibility is not a prediction: callers check ``profile.kv.tokens_for`` first; a
-scenario the engine cannot start with raises :class:`twin.errors.InfeasibleError`.
+Memory feasibility is not a prediction: callers check ``twin.policies.kv_capacity(profile,
+policy).tokens_for`` first; a scenario the engine cannot start with raises
+:class:`twin.errors.InfeasibleError`.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Protocol
 import numpy as np
 
 from twin.errors import BadInputError, ProfileError
+from twin.policies.spec import PolicySpec
 from twin.profile import Profile
 from twin.simulate import STARVATION_THRESHOLD, SimConfig, simulate
 from twin.workload import Adapter, Workload
@@ -57,6 +61,7 @@ class Predictions:
 class Predictor(Protocol):
     profile_id: str
     kind: str
+    policy: PolicySpec | None
 
     def predict(self, scenarios: Sequence[GpuScenario]) -> Predictions: ...
 
@@ -69,6 +74,7 @@ class TwinPredictor:
     duration_s: float = 3600.0
     seed: int = 0
     kind: str = "twin"
+    policy: PolicySpec | None = None
 
     @property
     def profile_id(self) -> str:
@@ -84,24 +90,31 @@ class TwinPredictor:
                 for j in range(len(sc))
             ))
             res = simulate(workload, self.profile, SimConfig(
-                a_max=sc.a_max, duration_s=self.duration_s, seed=self.seed, max_lora_rank=sc.max_lora_rank))
+                a_max=sc.a_max, duration_s=self.duration_s, seed=self.seed, max_lora_rank=sc.max_lora_rank,
+                policy=self.policy))
             thr[i] = res.total_throughput_tok_s
             arriving[i] = res.arriving_tok_s
         return Predictions(thr, thr < STARVATION_THRESHOLD * arriving, arriving)
 
 
-def _surrogate(kind: str) -> Callable[[Profile], Predictor]:
-    def factory(profile: Profile) -> Predictor:
+PredictorFactory = Callable[[Profile, PolicySpec | None], Predictor]
+
+
+def _surrogate(kind: str) -> PredictorFactory:
+    def factory(profile: Profile, policy: PolicySpec | None) -> Predictor:
         from models.surrogate import SurrogatePredictor
 
-        return SurrogatePredictor(profile, kind)
+        return SurrogatePredictor(profile, kind, policy=policy)
 
     return factory
 
 
-PredictorFactory = Callable[[Profile], Predictor]
+def _twin(profile: Profile, policy: PolicySpec | None) -> Predictor:
+    return TwinPredictor(profile, policy=policy)
+
+
 _BACKENDS: dict[str, PredictorFactory] = {
-    "twin": TwinPredictor, "surrogate": _surrogate("surrogate"), "small-tree": _surrogate("small-tree"),
+    "twin": _twin, "surrogate": _surrogate("surrogate"), "small-tree": _surrogate("small-tree"),
 }
 
 
@@ -109,20 +122,20 @@ def predictor_names() -> list[str]:
     return sorted(_BACKENDS)
 
 
-def load_predictor(profile: Profile, kind: str = "twin") -> Predictor:
+def load_predictor(profile: Profile, kind: str = "twin", policy: PolicySpec | None = None) -> Predictor:
     try:
         factory = _BACKENDS[kind]
     except KeyError:
         raise BadInputError(f"unknown predictor '{kind}'; choose one of {', '.join(predictor_names())}") from None
-    return factory(profile)
+    return factory(profile, policy)
 
 
-def default_predictor_kind(profile: Profile) -> str:
-    """"surrogate" when a surrogate artifact for this very profile loads, else "twin"."""
+def default_predictor_kind(profile: Profile, policy: PolicySpec | None = None) -> str:
+    """"surrogate" when a surrogate artifact for this very profile and policy loads, else "twin"."""
     from models.surrogate import load_artifact
 
     try:
-        load_artifact(profile)
+        load_artifact(profile, policy=policy)
     except ProfileError:
         return "twin"
     return "surrogate"

@@ -1,5 +1,9 @@
 """Surrogate artifacts (``artifacts/surrogates/<profile-id>/``) and the predictors that use them.
 
+A surrogate answers for one serving policy: stock vLLM's live in the profile's directory, another
+policy's in ``<profile-id>/<policy>/`` and record the policy (name and non-preset parameters) in
+their metadata; an artifact of another policy is refused.
+
 An artifact is two files: ``surrogate.npz`` (the compiled forests as flat arrays, see
 :mod:`models.trees`) and ``surrogate.json`` (features, target definition, model parameters,
 metrics, dataset hash, versions, the command that built it). Loading needs numpy and numba only.
@@ -30,6 +34,8 @@ from models.predictor import GpuScenario, Predictions
 from models.trees import FlatForest, forest_row
 from twin.atomic import write_bytes_atomic, write_json_atomic
 from twin.errors import BadInputError, InfeasibleError, ProfileError
+from twin.policies.memory import kv_capacity
+from twin.policies.spec import PolicySpec, policy_label, policy_record
 from twin.profile import Profile, artifacts_dir
 
 ARTIFACT_SCHEMA_VERSION = 1
@@ -39,11 +45,12 @@ FOREST_NAMES = ("full_throughput", "full_starved", "small_throughput", "small_st
 KINDS = {"surrogate": "full", "small-tree": "small"}
 
 
-def simulation_hash(profile: Profile) -> str:
+def simulation_hash(profile: Profile, policy: PolicySpec | None = None) -> str:
     """Hash of the numbers the twin simulates with (and the default lengths datasets draw around).
 
     Descriptions, provenance and settings the twin does not read do not enter, so a profile
-    schema gaining an informational field does not invalidate datasets and surrogates.
+    schema gaining an informational field does not invalidate datasets and surrogates. A non-stock
+    ``policy`` adds its parameters and the profile's ``policy_terms``; stock hashes are unchanged.
     """
     e, kv, so = profile.engine, profile.kv, profile.scheduler_overhead
     parts = (e.block_size, e.max_num_batched_tokens, e.max_num_seqs, e.max_model_len, e.admission_rule,
@@ -51,11 +58,16 @@ def simulation_hash(profile: Profile) -> str:
              (so.k1_us, so.k2_us, so.k3_us, so.intercept_us),
              sorted((r, sorted(v.items())) for r, v in profile.adapter_load.ms.items()),
              profile.default_input_tokens, profile.default_output_tokens)
+    if policy is not None:
+        t = profile.policy_terms
+        parts += (sorted(t.adapter_kv_tokens.items()), t.cpu_lora_us_per_token_rank, sorted(policy.to_dict().items()))
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
 
 
-def surrogate_dir(profile_id: str) -> Path:
-    return artifacts_dir() / "surrogates" / profile_id
+def surrogate_dir(profile_id: str, policy: PolicySpec | None = None) -> Path:
+    """``artifacts/surrogates/<profile-id>/`` for stock vLLM, ``.../<profile-id>/<policy>/`` for another policy."""
+    d = artifacts_dir() / "surrogates" / profile_id
+    return d if policy is None else d / policy.name
 
 
 def has_artifact(profile: Profile, directory: str | Path | None = None) -> bool:
@@ -93,12 +105,17 @@ class SurrogateArtifact:
     forests: dict[str, FlatForest]
 
 
-def load_artifact(profile: Profile, directory: str | Path | None = None) -> SurrogateArtifact:
-    d = Path(directory) if directory else surrogate_dir(profile.profile_id)
-    rebuild = f"rebuild it with `planner train --profile {profile.profile_id}`"
+def load_artifact(profile: Profile, directory: str | Path | None = None,
+                  policy: PolicySpec | None = None) -> SurrogateArtifact:
+    """The artifact of ``profile`` under serving ``policy`` (None: stock vLLM); ProfileError if none fits."""
+    d = Path(directory) if directory else surrogate_dir(profile.profile_id, policy)
+    record = policy_record(policy)
+    train = f"planner train --profile {profile.profile_id}" + ("" if policy is None else f" --policy {policy.name}")
+    rebuild = f"rebuild it with `{train}`"
     if not has_artifact(profile, d):
-        raise ProfileError(f"no surrogate for profile {profile.profile_id} in {d}; build one with "
-                           f"`planner train --profile {profile.profile_id}` or use --predictor twin")
+        what = "" if policy is None else f" under policy {policy_label(record)}"
+        raise ProfileError(f"no surrogate for profile {profile.profile_id}{what} in {d}; build one with "
+                           f"`{train}` or use --predictor twin")
     try:
         meta = json.loads((d / METADATA_FILE).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -109,7 +126,10 @@ def load_artifact(profile: Profile, directory: str | Path | None = None) -> Surr
     if meta.get("profile_id") != profile.profile_id:
         raise ProfileError(f"{d}: surrogate was trained for profile {meta.get('profile_id')}, "
                            f"not {profile.profile_id}; {rebuild}")
-    if meta.get("profile_simulation_hash") != simulation_hash(profile):
+    if meta.get("policy") != record:
+        raise ProfileError(f"{d}: surrogate was trained for serving policy {policy_label(meta.get('policy'))}, "
+                           f"not {policy_label(record)}; {rebuild}")
+    if meta.get("profile_simulation_hash") != simulation_hash(profile, policy):
         raise ProfileError(f"{d}: profile {profile.profile_id} changed since its surrogate was trained; {rebuild}")
     if meta.get("features") != list(FEATURES):
         raise ProfileError(f"{d}: surrogate uses features {meta.get('features')}, this lora-planner computes "
@@ -132,12 +152,15 @@ def load_artifact(profile: Profile, directory: str | Path | None = None) -> Surr
 class SurrogatePredictor:
     """Predictions from compiled trees: ``kind`` "surrogate" (the forests) or "small-tree"."""
 
-    def __init__(self, profile: Profile, kind: str = "surrogate", directory: str | Path | None = None):
+    def __init__(self, profile: Profile, kind: str = "surrogate", directory: str | Path | None = None,
+                 policy: PolicySpec | None = None):
         if kind not in KINDS:
             raise BadInputError(f"unknown surrogate kind '{kind}' ({', '.join(KINDS)})")
         self.profile = profile
         self.kind = kind
-        art = load_artifact(profile, directory)
+        self.policy = policy
+        self._capacity = kv_capacity(profile, policy)
+        art = load_artifact(profile, directory, policy)
         self.metadata = art.metadata
         self.throughput_forest = art.forests[f"{KINDS[kind]}_throughput"]
         self.starved_forest = art.forests[f"{KINDS[kind]}_starved"]
@@ -154,7 +177,7 @@ class SurrogatePredictor:
     def _kv_tokens(self, a_max: int, rank: int) -> int:
         key = (a_max, rank)
         if key not in self._kv:
-            self._kv[key] = self.profile.kv.tokens_for(a_max, rank)
+            self._kv[key] = self._capacity.tokens_for(a_max, rank)
         kv = self._kv[key]
         if kv is None:
             raise InfeasibleError(

@@ -69,7 +69,7 @@ def plan_latency(req: PackRequest) -> list[GpuGroup]:
     groups = [g for g in groups if len(g)]
     for g in groups:
         g.a_max = len(g)
-        limit = a_max_limit(req.profile, req.ranks[g.members])
+        limit = a_max_limit(req.kv, req.ranks[g.members])
         if g.a_max > limit:
             raise InfeasibleError(f"latency: a GPU needs --max-loras {g.a_max} but at most {limit} start "
                                   f"in memory with its ranks")

@@ -7,7 +7,7 @@ import time
 
 import click
 
-from planner.cli_common import print_json, user_errors
+from planner.cli_common import policy_from_cli, policy_options, print_json, user_errors
 
 PLAN_EPILOG = """\b
 Examples:
@@ -15,6 +15,7 @@ Examples:
   planner plan workload.csv --gpus 4 --out plan.json --format vllm --model /models/llama-3.1-8b
   planner plan workload.csv --algorithm paper-greedy --json
   planner plan workload.csv --headroom 0.2 --plot plan.png     # plan for 20 % more traffic
+  planner plan workload.csv --policy chameleon --out plan.json  # servers running Chameleon (twin)
 
 \b
 Exit codes: 0 a plan where every GPU keeps up and starts · 2 bad input · 3 infeasible (not enough
@@ -23,16 +24,18 @@ still written with --out so it can be inspected).
 """
 
 EVALUATE_EPILOG = """\b
-Example:
+Examples:
   planner evaluate plan.json datasets/workloads/mixed-ranks-128-adapters.csv --duration 1800 --json
+  planner evaluate plan.json workload.csv --policy vllm    # a Chameleon plan on stock vLLM servers
 """
 
 
-def load_predictor_for(profile, kind: str):
-    """``auto``: the profile's trained surrogate when one ships, else the twin (slow, exact)."""
+def load_predictor_for(profile, kind: str, policy=None):
+    """``auto``: the trained surrogate of the profile and serving policy when one ships, else the twin
+    (slow, exact)."""
     from models.predictor import default_predictor_kind, load_predictor
 
-    return load_predictor(profile, default_predictor_kind(profile) if kind == "auto" else kind)
+    return load_predictor(profile, default_predictor_kind(profile, policy) if kind == "auto" else kind, policy)
 
 
 def _progress(k: int, n: int, name: str) -> None:
@@ -49,8 +52,9 @@ def _progress(k: int, n: int, name: str) -> None:
 @click.option("--algorithm", default="greedy", show_default=True,
               type=click.Choice(["greedy", "paper-greedy", "maxbase", "maxbase-half", "random", "dlora", "latency"]))
 @click.option("--predictor", "predictor_kind", default="auto", show_default=True,
-              help="What answers 'throughput? starves?': auto (the profile's trained surrogate, else the twin), "
-                   "surrogate, small-tree, or twin (slow, exact).")
+              help="What answers 'throughput? starves?': auto (the trained surrogate of the profile and --policy, "
+                   "else the twin), surrogate, small-tree, or twin (slow, exact).")
+@policy_options()
 @click.option("--headroom", type=click.FloatRange(min=0), default=0.0, show_default=True,
               help="Plan for rates this fraction above the workload's (0.2 = 20 % more traffic).")
 @click.option("--input-tokens", type=click.FloatRange(min=1), default=None,
@@ -74,13 +78,15 @@ def _progress(k: int, n: int, name: str) -> None:
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Write a PNG of per-GPU load vs predicted throughput and A_max (needs matplotlib).")
 @user_errors
-def plan(workload, profile_id, gpus, algorithm, predictor_kind, headroom, input_tokens, output_tokens, split_hot,
-         balance, seed, out, fmt, as_json, model, adapter_dir, port_base, plot) -> None:
+def plan(workload, profile_id, gpus, algorithm, predictor_kind, policy, policy_params, headroom, input_tokens,
+         output_tokens, split_hot, balance, seed, out, fmt, as_json, model, adapter_dir, port_base, plot) -> None:
     """Plan the fewest GPUs that serve WORKLOAD, which adapter goes where, and each GPU's --max-loras.
 
     WORKLOAD is a CSV with one row per adapter (adapter_id,rank,rate_rps[,input_tokens,output_tokens,path]).
     Every GPU of a greedy plan is predicted to keep up (throughput >= 0.9 x arriving tokens) and to
-    start in memory with its --max-loras and --max-lora-rank.
+    start in memory with its --max-loras and --max-lora-rank. With --policy other than vllm, the GPUs
+    run that serving policy (predicted by its surrogate, else the twin; every --max-loras starts since
+    KV and adapters share one pool) and the placement records it for `planner evaluate`.
     """
     from planner.plan import PlanOptions, make_plan
     from planner.render import render_table, render_vllm
@@ -90,7 +96,7 @@ def plan(workload, profile_id, gpus, algorithm, predictor_kind, headroom, input_
 
     profile = load_profile(profile_id or DEFAULT_PROFILE_ID)
     wl = read_workload(workload, profile)
-    predictor = load_predictor_for(profile, predictor_kind)
+    predictor = load_predictor_for(profile, predictor_kind, policy_from_cli(policy, policy_params))
     opts = PlanOptions(algorithm=algorithm, gpus=gpus, headroom=headroom, seed=seed, input_tokens=input_tokens,
                        output_tokens=output_tokens, split_hot=split_hot, balance=balance)
     t0 = time.perf_counter()
@@ -126,31 +132,38 @@ def plan(workload, profile_id, gpus, algorithm, predictor_kind, headroom, input_
               help="Simulated seconds of arrivals per GPU.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--arrivals", type=click.Choice(["poisson", "unpredictable"]), default="poisson", show_default=True)
+@policy_options(default=None, default_help="; default: the one the plan was made for")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @user_errors
-def evaluate(placement_file, workload, profile_id, duration, seed, arrivals, as_json) -> None:
+def evaluate(placement_file, workload, profile_id, duration, seed, arrivals, policy, policy_params, as_json) -> None:
     """Run every GPU of PLACEMENT.json in the digital twin with WORKLOAD's traffic.
 
     Reports per GPU the simulated throughput against the arriving token rate, whether it starves,
     and whether its --max-loras / --max-lora-rank start in memory. Exit code 3 when any GPU
-    starves, fails to start, or a workload adapter is not placed.
+    starves, fails to start, or a workload adapter is not placed. The GPUs run the serving policy
+    the plan records (stock vLLM if none) unless --policy says otherwise; --policy-param alone
+    overrides parameters of the recorded one.
     """
     from planner.evaluate import evaluate_placement
     from planner.placement import read_placement
     from planner.workload_csv import read_workload
     from twin import InfeasibleError, PoissonArrivals, SimConfig, UnpredictableArrivals, load_profile
+    from twin.policies.spec import policy_label
 
     placement = read_placement(placement_file)
     profile = load_profile(profile_id or placement.inputs.get("profile_id"))
     wl = read_workload(workload, profile)
     cfg = SimConfig(a_max=1, duration_s=duration, seed=seed,
-                    arrivals=UnpredictableArrivals() if arrivals == "unpredictable" else PoissonArrivals())
+                    arrivals=UnpredictableArrivals() if arrivals == "unpredictable" else PoissonArrivals(),
+                    policy=policy_from_cli(policy, policy_params, placement.inputs.get("policy")))
     ev = evaluate_placement(placement, wl, profile, cfg, progress=_progress)
     if sys.stderr.isatty():
         click.echo("", err=True)
     if as_json:
         print_json(ev.to_dict())
     else:
+        if cfg.policy is not None:
+            click.echo(f"serving policy {policy_label(ev.policy)}")
         for i in ev.instances:
             if not i.memory_ok:
                 state = click.style("MEMORY ERROR", fg="red")
@@ -195,7 +208,8 @@ def replan(workload, previous_file, out, profile_id, gpus, predictor_kind, headr
     Adapters stay where they are while their GPU keeps up; engines restart only when --max-loras,
     --max-lora-rank or --max-cpu-loras must change. The new placement's 'changes' section lists,
     per GPU, the adapters to load and unload and whether to restart. Refuses to run while another
-    re-plan writes the same --out; on any failure the files are left as they were.
+    re-plan writes the same --out; on any failure the files are left as they were. The GPUs keep the
+    serving policy the previous plan records.
     """
     from planner.placement import read_placement
     from planner.plan import PlanOptions, pack_request
@@ -204,12 +218,14 @@ def replan(workload, previous_file, out, profile_id, gpus, predictor_kind, headr
     from planner.workload_csv import read_workload
     from twin import load_profile
     from twin.atomic import write_json_atomic
+    from twin.policies.spec import policy_from_record
 
     with exclusive(out):
         previous = read_placement(previous_file)
         profile = load_profile(profile_id or previous.inputs.get("profile_id"))
         wl = read_workload(workload, profile)
-        req = pack_request(wl, profile, load_predictor_for(profile, predictor_kind),
+        policy = policy_from_record(previous.inputs.get("policy"))
+        req = pack_request(wl, profile, load_predictor_for(profile, predictor_kind, policy),
                            PlanOptions(gpus=gpus, headroom=headroom))
         placement = run_replan(previous, workload, req, split_hot=split_hot)
         doc = placement.to_dict()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from planner.cli_common import print_json, user_errors
+from planner.cli_common import policy_from_cli, policy_options, print_json, user_errors
 
 EPILOG_SIMULATE = """\b
 Example:
@@ -73,10 +73,7 @@ def profiles(as_json: bool) -> None:
               help="Step-latency model of the profile (see `planner profiles`), e.g. 'study'.")
 @click.option("--timeseries-every", type=click.FloatRange(min=0), default=0.0,
               help="Add running/waiting/KV-use samples every S seconds to --json output.")
-@click.option("--policy", default="vllm", show_default=True,
-              help="Serving policy: vllm (stock), slora, chameleon, toppings, elora (see twin/policies).")
-@click.option("--policy-param", "policy_params", multiple=True, metavar="KEY=VALUE",
-              help="Override one of the policy's parameters (repeatable), e.g. scheduler=fifo.")
+@policy_options()
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @user_errors
 def simulate(workload, a_max, profile_id, duration, warmup, seed, arrivals, input_tokens, output_tokens,
@@ -100,7 +97,6 @@ def simulate(workload, a_max, profile_id, duration, warmup, seed, arrivals, inpu
         load_profile,
     )
     from twin import simulate as run
-    from twin.policies import parse_overrides, policy_from_name
 
     profile = load_profile(profile_id or DEFAULT_PROFILE_ID).with_latency_variant(latency_model)
     wl = read_workload(workload, profile)
@@ -109,7 +105,7 @@ def simulate(workload, a_max, profile_id, duration, warmup, seed, arrivals, inpu
         arrivals=UnpredictableArrivals() if arrivals == "unpredictable" else PoissonArrivals(),
         lengths=LengthModel(lengths, length_cv, length_cv),
         input_tokens=input_tokens, output_tokens=output_tokens, max_in_flight=max_in_flight,
-        timeseries_dt_s=timeseries_every, policy=policy_from_name(policy, **parse_overrides(policy_params)),
+        timeseries_dt_s=timeseries_every, policy=policy_from_cli(policy, policy_params),
     )
     res = run(wl, profile, cfg)
     if as_json:

@@ -7,6 +7,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from planner.placement import Placement
+from twin.policies.memory import kv_capacity
+from twin.policies.spec import policy_record
 from twin.profile import Profile
 from twin.simulate import SimConfig, SimResult, simulate
 from twin.workload import Adapter, Workload
@@ -46,6 +48,7 @@ class Evaluation:
     instances: list[InstanceEvaluation]
     unplaced: list[str]  # workload adapters no instance serves
     missing: list[str]  # placed adapters absent from the workload (evaluated with no traffic)
+    policy: dict[str, Any] | None = None  # the serving policy simulated (policy_record); None: stock vLLM
 
     @property
     def ok(self) -> bool:
@@ -53,6 +56,7 @@ class Evaluation:
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            **({} if self.policy is None else {"policy": self.policy}),
             "ok": self.ok, "gpus": len(self.instances),
             "memory_errors": sum(not i.memory_ok for i in self.instances),
             "starving": sum(bool(i.starved) for i in self.instances),
@@ -65,8 +69,10 @@ def evaluate_placement(placement: Placement, workload: Workload, profile: Profil
                        progress: Callable[[int, int, str], None] | None = None) -> Evaluation:
     """Simulate each instance serving its adapters' share of ``workload``'s traffic.
 
-    ``config.a_max`` and ``config.max_lora_rank`` are replaced by each instance's settings.
+    ``config.a_max`` and ``config.max_lora_rank`` are replaced by each instance's settings; every
+    instance runs ``config.policy`` (None: stock vLLM), which also decides which --max-loras start.
     """
+    capacity = kv_capacity(profile, config.policy)
     by_id = {a.adapter_id: a for a in workload.adapters}
     planned = {a["adapter_id"]: a for a in placement.adapters}
     placed = {aid for inst in placement.instances for aid in inst.adapters}
@@ -82,7 +88,7 @@ def evaluate_placement(placement: Placement, workload: Workload, profile: Profil
             else:  # the workload's lengths, else the ones the plan was made with
                 adapters.append(Adapter(aid, a.rank, a.rate_rps * share, a.input_tokens or plan["input_tokens"],
                                         a.output_tokens or plan["output_tokens"]))
-        memory_ok = profile.kv.tokens_for(inst.a_max, inst.max_lora_rank) is not None
+        memory_ok = capacity.tokens_for(inst.a_max, inst.max_lora_rank) is not None
         result = None
         if memory_ok and adapters:
             cfg = replace(config, a_max=inst.a_max, max_lora_rank=inst.max_lora_rank)
@@ -91,4 +97,4 @@ def evaluate_placement(placement: Placement, workload: Workload, profile: Profil
                                       inst.predicted_throughput_tok_s, result))
     unplaced = [a.adapter_id for a in workload.adapters if a.adapter_id not in placed]
     missing = sorted(placed - set(by_id))
-    return Evaluation(out, unplaced, missing)
+    return Evaluation(out, unplaced, missing, policy_record(config.policy))

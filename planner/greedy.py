@@ -50,7 +50,7 @@ def plan_greedy(req: PackRequest, split_hot: bool = True, balance: bool = True,
 
 
 def _check_servable(req: PackRequest, queue: list[Entry]) -> None:
-    bad = [i for i, _ in queue if a_max_limit(req.profile, [req.ranks[i]]) < 1]
+    bad = [i for i, _ in queue if a_max_limit(req.kv, [req.ranks[i]]) < 1]
     if bad:
         ids = ", ".join(req.adapter_id(i) for i in bad[:8])
         raise InfeasibleError(f"memory error: profile {req.profile.profile_id} starts no engine with "

@@ -1,8 +1,9 @@
 """What every placement algorithm works with: the request, one GPU's group, and how a group is tested.
 
 An algorithm turns a :class:`PackRequest` into a list of :class:`GpuGroup` (adapters with the share
-of their traffic routed there, plus the A_max the GPU runs with). Memory feasibility comes from the
-profile's KV table; throughput and starvation come from the request's predictor.
+of their traffic routed there, plus the A_max the GPU runs with). Memory feasibility comes from
+:attr:`PackRequest.kv`: the profile's KV table for stock vLLM, the unified pool of the predictor's
+serving policy otherwise (``twin.policies.memory``); throughput and starvation come from the predictor.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import numpy as np
 
 from models.predictor import GpuScenario, Predictor
 from twin.errors import InfeasibleError
-from twin.profile import Profile
+from twin.policies.memory import UnifiedPool, kv_capacity
+from twin.policies.spec import PolicySpec
+from twin.profile import KVCapacity, Profile
 from twin.workload import Workload
 
 #: The study's testing points / A_max grid (reference-study-notes §5.2).
@@ -33,6 +36,7 @@ class PackRequest:
     input_tokens: np.ndarray  # float64 mean prompt tokens per adapter
     output_tokens: np.ndarray
     seed: int = 0
+    policy: PolicySpec | None = None  # the predictor's serving policy; None: stock vLLM
 
     @classmethod
     def build(cls, workload: Workload, profile: Profile, predictor: Predictor, max_gpus: int,
@@ -46,11 +50,16 @@ class PackRequest:
             rates_rps=np.array([a.rate_rps for a in workload.adapters]) * (1.0 + headroom),
             input_tokens=np.array([a.input_tokens or d_in for a in workload.adapters], float),
             output_tokens=np.array([a.output_tokens or d_out for a in workload.adapters], float),
-            seed=seed,
+            seed=seed, policy=getattr(predictor, "policy", None),  # predictors without one model stock vLLM
         )
 
     def adapter_id(self, i: int) -> str:
         return self.workload.adapters[i].adapter_id
+
+    @cached_property
+    def kv(self) -> KVCapacity | UnifiedPool:
+        """Which A_max start and with how many KV tokens, under the request's policy."""
+        return kv_capacity(self.profile, self.policy)
 
     @cached_property
     def arriving_tok_s(self) -> np.ndarray:
@@ -89,20 +98,20 @@ def group_scenario(req: PackRequest, shares: dict[int, float], a_max: int, rate_
     )
 
 
-def a_max_limit(profile: Profile, ranks) -> int:
+def a_max_limit(kv: KVCapacity | UnifiedPool, ranks) -> int:
     """Largest --max-loras that starts with the max_lora_rank these ranks need (0: none starts)."""
-    rank = profile.kv.rank_for(int(max(ranks)))
-    return 0 if rank is None else profile.kv.max_a_max(rank)
+    rank = kv.rank_for(int(max(ranks)))
+    return 0 if rank is None else kv.max_a_max(rank)
 
 
-def a_max_candidates(profile: Profile, ranks, n_adapters: int) -> list[int]:
+def a_max_candidates(kv: KVCapacity | UnifiedPool, ranks, n_adapters: int) -> list[int]:
     """A_max values worth testing for a GPU: every profiled point below n, and n itself (all resident),
-    all capped by what starts in memory."""
-    limit = a_max_limit(profile, ranks)
+    all capped by what starts in memory (``kv``: :attr:`PackRequest.kv`)."""
+    limit = a_max_limit(kv, ranks)
     top = min(n_adapters, limit)
     if top < 1:
         return []
-    return sorted({p for p in profile.kv.a_max_points if p < top} | {top})
+    return sorted({p for p in kv.a_max_points if p < top} | {top})
 
 
 @dataclass(frozen=True)
@@ -124,7 +133,7 @@ def best_a_max(req: PackRequest, shares: dict[int, float]) -> GroupVerdict:
     larger A_max. Not ok when every candidate starves or none starts in memory.
     """
     ranks = req.ranks[list(shares)]
-    cands = a_max_candidates(req.profile, ranks, len(shares))
+    cands = a_max_candidates(req.kv, ranks, len(shares))
     if not cands:
         return GroupVerdict(False)
     nominal = req.predictor.predict([group_scenario(req, shares, a) for a in cands])
@@ -140,7 +149,7 @@ def best_a_max(req: PackRequest, shares: dict[int, float]) -> GroupVerdict:
 
 def keeps_up(req: PackRequest, shares: dict[int, float], a_max: int, max_lora_rank: int) -> bool:
     """Does this group keep up with exactly this A_max and max_lora_rank (both start-up settings)?"""
-    if int(req.ranks[list(shares)].max()) > max_lora_rank or req.profile.kv.tokens_for(a_max, max_lora_rank) is None:
+    if int(req.ranks[list(shares)].max()) > max_lora_rank or req.kv.tokens_for(a_max, max_lora_rank) is None:
         return False
     return not bool(req.predictor.predict([group_scenario(req, shares, a_max, max_lora_rank=max_lora_rank)]).starved[0])
 

@@ -125,7 +125,7 @@ def _test_and_commit(req: PackRequest, s: _Server, final: bool = False) -> bool:
     if n_test is None:
         n_test = len(members)
     pad = n_test - len(s.pending) if final and len(members) < n_test else 0
-    limit = a_max_limit(req.profile, req.ranks[members])
+    limit = a_max_limit(req.kv, req.ranks[members])
     cands: list[tuple[int, bool]] = []  # (A_max, is the next grid value)
     if s.a_max > 0:
         cands.append((s.a_max, False))

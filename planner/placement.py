@@ -1,8 +1,8 @@
 """The placement JSON (schema version 1): what `planner plan` writes and routers, `evaluate`,
 `replan` and `verify` read. See the README's "Placement JSON" section for an example.
 
-Top level: ``schema_version``, ``inputs`` (workload hash, profile, predictor, algorithm, planner
-version), ``summary``, ``instances`` (one per GPU: engine args in vLLM's names, adapters with their
+Top level: ``schema_version``, ``inputs`` (workload hash, profile, serving policy unless stock vLLM,
+predictor, algorithm, planner version), ``summary``, ``instances`` (one per GPU: engine args in vLLM's names, adapters with their
 traffic shares, predictions), ``adapters`` (one per workload adapter with its routes), ``router``
 (adapter id → [{instance_id, weight}]) and, after a re-plan, ``changes``.
 """
@@ -21,6 +21,7 @@ from typing import Any
 from planner.packing import GpuGroup, PackRequest, group_scenario
 from twin.atomic import json_safe
 from twin.errors import BadInputError
+from twin.policies.spec import policy_record
 from twin.profile import Profile
 
 SCHEMA_VERSION = 1
@@ -134,7 +135,7 @@ def cpu_slots(n_adapters: int, a_max: int) -> int:
 
 def build_instances(req: PackRequest, groups: list[GpuGroup], first_index: int = 0) -> list[InstancePlan]:
     """Per-GPU settings and predictions for ``groups`` (memory errors predicted as such, not run)."""
-    kv = req.profile.kv
+    kv = req.kv
     insts: list[InstancePlan] = []
     feasible: list[int] = []
     for k, g in enumerate(groups):
@@ -168,11 +169,14 @@ def adapter_rows(req: PackRequest) -> list[dict[str, Any]]:
 
 
 def plan_inputs(workload_path, req: PackRequest, algorithm: str, headroom: float) -> dict[str, Any]:
+    """The ``inputs`` section; ``policy`` (name and non-preset params) only for a non-stock serving policy."""
     pred = req.predictor
+    policy = policy_record(req.policy)
     return {
         "workload": {"path": str(workload_path), "sha256": file_sha256(workload_path),
                      "adapters": len(req.workload)},
         "profile_id": req.profile.profile_id,
+        **({} if policy is None else {"policy": policy}),
         "predictor": {"kind": pred.kind, "id": getattr(pred, "artifact_id", None)},
         "algorithm": algorithm, "headroom": headroom, "seed": req.seed,
         "planner_version": planner_version(),

@@ -6,6 +6,7 @@ import shlex
 from pathlib import PurePosixPath
 
 from planner.placement import InstancePlan, Placement
+from twin.policies.spec import policy_label
 
 
 def _fmt(x: float | None) -> str:
@@ -22,6 +23,8 @@ def render_table(p: Placement) -> str:
     s = p.summary()
     head = (f"{s['adapters']} adapters on {s['gpus']} GPU(s) · profile {p.inputs['profile_id']} · "
             f"algorithm {p.inputs['algorithm']} · predictor {p.inputs['predictor']['kind']}")
+    if "policy" in p.inputs:
+        head += f" · policy {policy_label(p.inputs['policy'])}"
     rows = [("instance", "adapters", "--max-loras", "--max-lora-rank", "arriving tok/s", "predicted tok/s", "status")]
     for inst in p.instances:
         rows.append((inst.instance_id, str(len(inst.adapters)), str(inst.a_max), str(inst.max_lora_rank),

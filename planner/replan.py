@@ -59,7 +59,7 @@ def replan(previous: Placement, workload_path, req: PackRequest, split_hot: bool
     todo: dict[int, float] = {i: 1.0 for i in range(len(index))}  # traffic share still unserved
     for prev in previous.instances:
         shares = {index[a]: s for a, s in prev.adapters.items() if a in index}
-        if not shares or a_max_limit(req.profile, req.ranks[list(shares)]) < 1:
+        if not shares or a_max_limit(req.kv, req.ranks[list(shares)]) < 1:
             continue
         slot = _Slot(prev, shares)
         while shares and not slot.try_settle(req, dict(shares)):

@@ -35,9 +35,9 @@ def test_priority_order_is_rank_desc_then_zigzag():
 
 def test_a_max_candidates_respect_memory_and_adapter_count(profile):
     limit32 = profile.kv.max_a_max(32)
-    assert a_max_candidates(profile, [32], 1000)[-1] == limit32
-    assert a_max_candidates(profile, [8], 5) == [5]
-    assert a_max_candidates(profile, [8], 20) == [8, 16, 20]
+    assert a_max_candidates(profile.kv, [32], 1000)[-1] == limit32
+    assert a_max_candidates(profile.kv, [8], 5) == [5]
+    assert a_max_candidates(profile.kv, [8], 20) == [8, 16, 20]
 
 
 def test_greedy_fills_each_gpu_to_its_limit_and_balances(profile):

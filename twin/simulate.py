@@ -20,6 +20,7 @@ import numpy as np
 
 from twin import core
 from twin.errors import InfeasibleError, ProfileError, WorkloadError
+from twin.policies.memory import kv_capacity
 from twin.profile import Profile
 from twin.workload import LengthModel, PoissonArrivals, Requests, Workload, draw_requests
 
@@ -117,7 +118,7 @@ def simulate(
         raise WorkloadError("duration must be > warm-up >= 0")
     eng = profile.engine
     rank = resolve_max_lora_rank(workload, profile, config.max_lora_rank)
-    kv_tokens = profile.kv.tokens_for(config.a_max, rank) if config.policy is None else profile.kv.no_lora_tokens
+    kv_tokens = kv_capacity(profile, config.policy).tokens_for(config.a_max, rank)
     if kv_tokens is None:
         limit = profile.kv.max_a_max(rank)
         raise InfeasibleError(

@@ -155,3 +155,31 @@ def parse_overrides(items: tuple[str, ...] | list[str]) -> dict:
         except ValueError:
             raise WorkloadError(f"--policy-param {item!r}: {key} must be a {kind}") from None
     return out
+
+
+def policy_record(spec: PolicySpec | None) -> dict | None:
+    """How files (placements, datasets, surrogates) record a policy: its name and the parameters that
+    differ from its preset. None for stock vLLM, which files record by leaving the key out, so files
+    written before policies existed read as stock."""
+    if spec is None:
+        return None
+    preset = PRESETS[spec.name]
+    return {"name": spec.name, "params": {k: v for k, v in spec.to_dict().items() if v != getattr(preset, k)}}
+
+
+def policy_from_record(record, **overrides) -> PolicySpec | None:
+    """The policy a file recorded (None or absent: stock vLLM), with ``overrides`` on top."""
+    if record is None:
+        return policy_from_name(STOCK, **overrides)
+    if not isinstance(record, dict) or not isinstance(record.get("name"), str) \
+            or not isinstance(record.get("params", {}), dict):
+        raise WorkloadError(f"a recorded policy must be {{'name': ..., 'params': {{...}}}}, not {record!r}")
+    return policy_from_name(record["name"], **{**record.get("params", {}), **overrides})
+
+
+def policy_label(record: dict | None) -> str:
+    """A policy record in a message: ``vllm``, ``chameleon`` or ``chameleon (queues=2)``."""
+    if record is None:
+        return STOCK
+    params = ", ".join(f"{k}={v}" for k, v in record.get("params", {}).items())
+    return record["name"] + (f" ({params})" if params else "")
