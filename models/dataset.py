@@ -14,6 +14,10 @@ rebuilt alone from its spec. Builds are resumable: rows are flushed in part file
 ``<out>.work/`` and a rerun skips the scenarios already there; scenarios run in a seeded random
 order, so an interrupted build is a uniform sample of the grid. The merged parquet carries the
 grid, the profile id and hash and the build state in its schema metadata (``lora_planner``).
+
+A build for a serving policy other than stock vLLM (``twin.policies``) runs the twin under it and
+records it (``policy``: name and non-preset parameters) in the build state and the metadata; the
+key is absent for stock vLLM, so builds made before policies existed read and resume as stock.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ from models.progress import Progress
 from models.surrogate import simulation_hash
 from twin.atomic import write_bytes_atomic, write_json_atomic
 from twin.errors import BadInputError
+from twin.policies.memory import kv_capacity
+from twin.policies.spec import PolicySpec, policy_label, policy_record
 from twin.profile import Profile
 from twin.simulate import SimConfig, simulate
 from twin.workload import Adapter, Workload
@@ -151,7 +157,8 @@ def _spread(values: Sequence, n: int, rng: np.random.Generator) -> np.ndarray:
     return out
 
 
-def scenario_spec(grid: GridSpec, profile: Profile, scenario_id: int, point) -> dict[str, Any]:
+def scenario_spec(grid: GridSpec, profile: Profile, scenario_id: int, point,
+                  policy: PolicySpec | None = None) -> dict[str, Any]:
     """The full spec of one scenario: everything the twin needs, drawn from its own seed."""
     served, a_max, rate_combo, rank_combo = point
     rng = np.random.default_rng(np.random.SeedSequence([grid.seed, scenario_id]))
@@ -161,7 +168,7 @@ def scenario_spec(grid: GridSpec, profile: Profile, scenario_id: int, point) -> 
     input_tokens = round(float(profile.default_input_tokens * np.exp(rng.uniform(lo, hi))), 1)
     output_tokens = round(float(profile.default_output_tokens * np.exp(rng.uniform(lo, hi))), 1)
     max_lora_rank = profile.kv.rank_for(int(ranks.max()))
-    kv_tokens = None if max_lora_rank is None else profile.kv.tokens_for(a_max, max_lora_rank)
+    kv_tokens = None if max_lora_rank is None else kv_capacity(profile, policy).tokens_for(a_max, max_lora_rank)
     return {
         "scenario_id": scenario_id, "profile_id": profile.profile_id, "seed": int(rng.integers(2**31)),
         "served_adapters": served, "a_max": a_max, "max_lora_rank": max_lora_rank or 0,
@@ -170,12 +177,13 @@ def scenario_spec(grid: GridSpec, profile: Profile, scenario_id: int, point) -> 
     }
 
 
-def run_scenario(grid: GridSpec, profile: Profile, scenario_id: int, point, sim_seed_offset: int = 0) -> dict[str, Any]:
-    """One dataset row: spec and twin targets (NaN targets for a memory error).
+def run_scenario(grid: GridSpec, profile: Profile, scenario_id: int, point, sim_seed_offset: int = 0,
+                 policy: PolicySpec | None = None) -> dict[str, Any]:
+    """One dataset row: spec and twin targets (NaN targets for a memory error), under serving ``policy``.
 
     ``sim_seed_offset`` changes only the twin's arrival draws (noise-floor measurements).
     """
-    spec = scenario_spec(grid, profile, scenario_id, point)
+    spec = scenario_spec(grid, profile, scenario_id, point, policy)
     spec["seed"] += sim_seed_offset
     row = dict(spec)
     nan = float("nan")
@@ -186,7 +194,7 @@ def run_scenario(grid: GridSpec, profile: Profile, scenario_id: int, point, sim_
         wl = Workload(tuple(Adapter(f"a{i}", int(r), float(lam), spec["input_tokens"], spec["output_tokens"])
                             for i, (r, lam) in enumerate(zip(spec["ranks"], spec["rates_rps"]))))
         res = simulate(wl, profile, SimConfig(a_max=spec["a_max"], duration_s=grid.duration_s, seed=spec["seed"],
-                                              max_lora_rank=spec["max_lora_rank"]))
+                                              max_lora_rank=spec["max_lora_rank"], policy=policy))
         row.update(throughput_tok_s=res.total_throughput_tok_s, arriving_tok_s=res.arriving_tok_s,
                    itl_ms=res.itl_ms_mean, ttft_ms=res.ttft_ms_mean, starved=res.starved,
                    arrived_requests=res.arrived_requests, finished_requests=res.finished_requests,
@@ -196,8 +204,9 @@ def run_scenario(grid: GridSpec, profile: Profile, scenario_id: int, point, sim_
     return row
 
 
-def _run_chunk(grid: GridSpec, profile: Profile, items: list[tuple[int, Any]]) -> list[dict[str, Any]]:
-    return [run_scenario(grid, profile, sid, point) for sid, point in items]
+def _run_chunk(grid: GridSpec, profile: Profile, items: list[tuple[int, Any]],
+               policy: PolicySpec | None) -> list[dict[str, Any]]:
+    return [run_scenario(grid, profile, sid, point, policy=policy) for sid, point in items]
 
 
 def _schema():
@@ -300,13 +309,18 @@ def work_dir_for(out: Path) -> Path:
 
 
 def _open_work_dir(work: Path, state: dict[str, Any]) -> set[int]:
-    """Create or reuse the work dir; return the scenario ids already done. Refuses a different build."""
+    """Create or reuse the work dir; return the scenario ids already done. Refuses a different build.
+
+    Only the keys of ``state`` are compared (older work dirs hold more), plus ``policy``, whose
+    absence on either side means stock vLLM.
+    """
     import pyarrow.parquet as pq
 
     spec_path = work / "build.json"
     if spec_path.is_file():
         old = json.loads(spec_path.read_text(encoding="utf-8"))
-        if {k: old.get(k) for k in state} != state:
+        keys = {*state, "policy"}
+        if {k: old.get(k) for k in keys} != {k: state.get(k) for k in keys}:
             raise BadInputError(f"{work} holds an unfinished build of another grid or profile; "
                                 f"delete it or use another --out")
     else:
@@ -320,8 +334,8 @@ def _open_work_dir(work: Path, state: dict[str, Any]) -> set[int]:
 
 def build_dataset(profile: Profile, grid: GridSpec, out: str | Path, jobs: int = 1, backend: str = "local",
                   address: str | None = None, limit: int = 0, chunk: int = 8, flush_rows: int = 400,
-                  progress: bool = True) -> BuildResult:
-    """Run (or resume) the build of ``grid`` for ``profile`` into ``out``.
+                  progress: bool = True, policy: PolicySpec | None = None) -> BuildResult:
+    """Run (or resume) the build of ``grid`` for ``profile`` under serving ``policy`` (None: stock) into ``out``.
 
     ``limit`` > 0 stops once that many scenarios are done in total; the parquet then holds the
     rows done so far and ``<out>.work/`` stays for a later run to continue. Ctrl-C and SIGTERM
@@ -334,7 +348,9 @@ def build_dataset(profile: Profile, grid: GridSpec, out: str | Path, jobs: int =
     out = Path(out)
     work = work_dir_for(out)
     state = {"dataset_schema_version": DATASET_SCHEMA_VERSION, "profile_id": profile.profile_id,
-             "profile_hash": simulation_hash(profile), "grid": grid.to_dict()}
+             "profile_hash": simulation_hash(profile, policy), "grid": grid.to_dict()}
+    if policy is not None:
+        state["policy"] = policy_record(policy)
     points = grid.points()
     total = len(points)
     done = _open_work_dir(work, state)
@@ -342,7 +358,8 @@ def build_dataset(profile: Profile, grid: GridSpec, out: str | Path, jobs: int =
     todo = [int(i) for i in order if int(i) not in done]
     if limit:
         todo = todo[:max(0, limit - len(done))]
-    tasks = [(grid, profile, [(sid, points[sid]) for sid in todo[i:i + chunk]]) for i in range(0, len(todo), chunk)]
+    tasks = [(grid, profile, [(sid, points[sid]) for sid in todo[i:i + chunk]], policy)
+             for i in range(0, len(todo), chunk)]
     results = _map_ray(tasks, address) if backend == "ray" else _map_local(tasks, jobs)
     bar = Progress(total, len(done), label=f"{profile.profile_id}/{grid.name}", enabled=progress)
     schema = _schema()
@@ -410,8 +427,9 @@ class Dataset:
         return int(self.X.shape[0])
 
 
-def read_dataset(paths: Iterable[str | Path], profile: Profile) -> Dataset:
-    """Load dataset parquet files built with ``profile``; features are computed here from each row's spec.
+def read_dataset(paths: Iterable[str | Path], profile: Profile, policy: PolicySpec | None = None) -> Dataset:
+    """Load dataset parquet files built with ``profile`` under ``policy``; features are computed here from
+    each row's spec.
 
     Rows store scenarios, not features, so a new feature needs no rebuild, only a retrain.
     """
@@ -433,9 +451,12 @@ def read_dataset(paths: Iterable[str | Path], profile: Profile) -> Dataset:
         meta = json.loads(raw)
         if meta["profile_id"] != profile.profile_id:
             raise BadInputError(f"{path}: built for profile {meta['profile_id']}, not {profile.profile_id}")
-        if meta["profile_hash"] != simulation_hash(profile):
+        if meta.get("policy") != policy_record(policy):
+            raise BadInputError(f"{path}: built for serving policy {policy_label(meta.get('policy'))}, "
+                                f"not {policy_label(policy_record(policy))}")
+        if meta["profile_hash"] != simulation_hash(profile, policy):
             raise BadInputError(f"{path}: built with another version of profile {profile.profile_id} (simulation "
-                                f"hash {meta['profile_hash']}, now {simulation_hash(profile)}); rebuild it")
+                                f"hash {meta['profile_hash']}, now {simulation_hash(profile, policy)}); rebuild it")
         digest.update(path.read_bytes())
         parts.append(table.filter(pc.invert(table.column("memory_error"))))
         metas.append(meta)

@@ -33,6 +33,7 @@ from models.surrogate import METADATA_FILE, SurrogatePredictor, save_artifact, s
 from models.trees import compile_sklearn, count_rules
 from twin.atomic import write_json_atomic
 from twin.errors import BadInputError
+from twin.policies.spec import PolicySpec, policy_record
 
 MAX_RULES = 32
 SEED = 0
@@ -211,17 +212,22 @@ def _assert_identical(name: str, compiled: np.ndarray, reference: np.ndarray) ->
 
 def train_surrogates(dataset_paths, profile, out_dir, *, search: str = "reduced", models=("rf", "svm", "knn"),
                      jobs: int = 1, trials: int = 60, penalty: float = 1.0, test_fraction: float = 0.2,
-                     max_leaf_nodes: int = 2048, real_runs=None, command: str = "", log=print) -> dict[str, Any]:
-    """Train, evaluate, distil, compile and write the surrogate artifact of ``profile``; return its metadata.
+                     max_leaf_nodes: int = 2048, real_runs=None, command: str = "", log=print,
+                     policy: PolicySpec | None = None) -> dict[str, Any]:
+    """Train, evaluate, distil, compile and write the surrogate artifact of ``profile`` under serving
+    ``policy`` (None: stock vLLM; the datasets must be built for the same); return its metadata.
 
     Every model is scored on held-out scenarios (and on ``real_runs``, a :class:`models.realruns.RealRuns`,
     when given); the shipped forests are the tuned random forests, checked bit-identical after compiling.
     """
     _sk()
+    if policy is not None and real_runs is not None:
+        raise BadInputError(f"real runs are measurements of stock vLLM; they cannot score a surrogate of "
+                            f"policy {policy.name} (drop --real-runs)")
 
     if "rf" not in models:
         raise BadInputError("the random forest ('rf') is the model that ships; keep it in --models")
-    ds = read_dataset(dataset_paths, profile)
+    ds = read_dataset(dataset_paths, profile, policy)
     base = np.array([throughput_base(x) for x in ds.X])
     usable = base > 0
     X, base = ds.X[usable], base[usable]
@@ -281,7 +287,8 @@ def train_surrogates(dataset_paths, profile, out_dir, *, search: str = "reduced"
                 _assert_identical(f"{prefix} {target}", flat.predict_raw(Xt), est.predict_proba(Xt))
             forests[f"{prefix}_{target}"] = flat
     meta = {
-        "profile_id": profile.profile_id, "profile_simulation_hash": simulation_hash(profile),
+        "profile_id": profile.profile_id, "profile_simulation_hash": simulation_hash(profile, policy),
+        **({} if policy is None else {"policy": policy_record(policy)}),
         "throughput_target": "throughput_tok_s / min(arriving_tok_s, saturation_tok_s) (features, nominal rates "
                              "x lengths)",
         "smape": "standard: 100*mean(2|p-r|/(|p|+|r|))",

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from planner.cli_common import print_json, user_errors
+from planner.cli_common import policy_from_cli, policy_options, print_json, user_errors
 
 EPILOG_BUILD = """\b
 Examples:
@@ -15,13 +15,17 @@ Examples:
       --out datasets/h100-64gb-llama-3.1-8b/paper.parquet
   planner dataset build --profile h100-64gb-qwen2.5-7b --grid small --out /tmp/small.parquet
   planner dataset build --profile ID --grid paper --backend ray --address auto --out ...
+  planner dataset build --profile h100-64gb-llama-3.1-8b --grid small --policy chameleon \\
+      --out datasets/h100-64gb-llama-3.1-8b/chameleon-small.parquet
 Rerunning the same command resumes an interrupted build (rows are kept under OUT.work/).
 """
 
 EPILOG_TRAIN = """\b
-Example:
+Examples:
   planner train --dataset datasets/h100-64gb-llama-3.1-8b/paper.parquet \\
       --profile h100-64gb-llama-3.1-8b --out artifacts/surrogates/h100-64gb-llama-3.1-8b/ --jobs 2
+  planner train --dataset datasets/h100-64gb-llama-3.1-8b/chameleon-small.parquet \\
+      --profile h100-64gb-llama-3.1-8b --policy chameleon   # -> artifacts/surrogates/<profile>/chameleon/
 """
 
 
@@ -42,15 +46,18 @@ def dataset() -> None:
 @click.option("--address", default=None, help="Ray cluster address (with --backend ray), e.g. 'auto'.")
 @click.option("--limit", type=click.IntRange(min=0), default=0,
               help="Stop after this many scenarios in total (0 = all); rerun to continue.")
+@policy_options()
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
 @user_errors
-def build(profile_id, grid, out, duration, jobs, backend, address, limit, as_json) -> None:
+def build(profile_id, grid, out, duration, jobs, backend, address, limit, policy, policy_params, as_json) -> None:
     """Run the twin over a scenario grid and write one parquet row per scenario.
 
     Each row holds the scenario spec (per-adapter ranks and rates, A_max, mean lengths, duration,
     seed, profile id) and the targets (throughput, arriving tok/s, ITL, TTFT,
     starved). (A_max, max rank) pairs vLLM cannot start with are rows with memory_error=true.
     Scenarios run in a seeded random order, so a partial build is a uniform sample of the grid.
+    With --policy other than vllm the twin runs that serving policy (every A_max starts) and the
+    dataset records it; surrogates trained on it answer for that policy only.
     """
     from models.dataset import GridSpec, build_dataset
     from twin import load_profile
@@ -58,7 +65,7 @@ def build(profile_id, grid, out, duration, jobs, backend, address, limit, as_jso
     profile = load_profile(profile_id)
     spec = GridSpec.load(grid, duration)
     res = build_dataset(profile, spec, out, jobs=jobs, backend=backend, address=address, limit=limit,
-                        progress=not as_json)
+                        progress=not as_json, policy=policy_from_cli(policy, policy_params))
     summary = {"out": str(res.out), "grid_scenarios": res.total, "rows": res.done, "new_rows": res.new_rows,
                "memory_error_rows": res.memory_errors, "complete": res.complete, "interrupted": res.interrupted,
                "wall_s": res.wall_s, "rows_per_hour": res.rows_per_hour, "twin_s": res.sim_s}
@@ -76,8 +83,10 @@ def build(profile_id, grid, out, duration, jobs, backend, address, limit, as_jso
 @click.option("--dataset", "datasets", multiple=True, required=True, type=click.Path(exists=True, dir_okay=False),
               help="Dataset parquet (repeatable).")
 @click.option("--profile", "profile_id", required=True, help="Profile id or JSON path the dataset was built with.")
+@policy_options(default_help="; the dataset's must match")
 @click.option("--out", type=click.Path(file_okay=False), default=None,
-              help="Artifact directory [artifacts/surrogates/<profile-id>/].")
+              help="Artifact directory [artifacts/surrogates/<profile-id>/, or <profile-id>/<policy>/ "
+                   "for another policy than vllm].")
 @click.option("--search", type=click.Choice(["reduced", "paper"]), default="reduced", show_default=True,
               help="Hyper-parameter grids: the paper's Appendix B spaces (hours) or a reduced set.")
 @click.option("--models", default="rf,svm,knn", show_default=True, help="Models to tune and report (rf ships).")
@@ -93,8 +102,8 @@ def build(profile_id, grid, out, duration, jobs, backend, address, limit, as_jso
               help="Real-run CSV of the same profile to score against (real_runs_qwen.csv format).")
 @click.option("--json", "as_json", is_flag=True, help="Print the artifact metadata as JSON.")
 @user_errors
-def train(datasets, profile_id, out, search, models, jobs, trials, penalty, max_leaf_nodes, test_fraction,
-          real_runs, as_json) -> None:
+def train(datasets, profile_id, policy, policy_params, out, search, models, jobs, trials, penalty, max_leaf_nodes,
+          test_fraction, real_runs, as_json) -> None:
     """Train, evaluate, distil and compile the surrogates of one profile.
 
     Tunes RF, SVM and KNN (HalvingGridSearchCV, 5-fold) for throughput and starvation, scores them
@@ -108,16 +117,18 @@ def train(datasets, profile_id, out, search, models, jobs, trials, penalty, max_
     from twin import load_profile
 
     profile = load_profile(profile_id)
+    policy_spec = policy_from_cli(policy, policy_params)
     names = tuple(m.strip() for m in models.split(",") if m.strip())
     unknown = sorted(set(names) - {"rf", "svm", "knn"})
     if unknown:
         raise click.BadParameter(f"unknown models {unknown}; choose from rf, svm, knn", param_hint="--models")
     runs = load_real_runs(real_runs) if real_runs else None
-    out_dir = out or surrogate_dir(profile.profile_id)
+    out_dir = out or surrogate_dir(profile.profile_id, policy_spec)
     log = (lambda _msg: None) if as_json else (lambda msg: click.echo(msg, err=True))
     meta = train_surrogates(list(datasets), profile, out_dir, search=search, models=names, jobs=jobs, trials=trials,
                             penalty=penalty, test_fraction=test_fraction, max_leaf_nodes=max_leaf_nodes,
-                            real_runs=runs, command="planner " + shlex.join(sys.argv[1:]), log=log)
+                            real_runs=runs, command="planner " + shlex.join(sys.argv[1:]), log=log,
+                            policy=policy_spec)
     if as_json:
         print_json(meta)
         return
