@@ -17,8 +17,8 @@ never disagree on a feature. Rates are req/s, lengths are mean tokens per reques
 * ``saturation_tok_s``: total tok/s of the engine kept full (:func:`saturation_tok_s`, from the
   profile's step-latency model) and ``load_over_saturation`` = arriving / that. Starved scenarios
   serve about their capacity, which the study's features can only approximate piecewise; with
-  this estimate the trees learn a correction instead (5-fold CV throughput SMAPE 10.0 % → 5.5 % on a
-  1,410-row sample of the paper grid).
+  this estimate the trees learn a correction instead (5-fold CV throughput SMAPE 8.7 % → 4.9 % on
+  3,000 rows of the shipped Llama set: ``benchmarks/saturation_feature.py``).
 
 Profile terms enter through one array, :func:`engine_terms`.
 """
