@@ -75,10 +75,10 @@ def checks(rows: list[dict]) -> dict:
     for base in ("maxbase", "maxbase-half", "dlora", "random", "latency"):
         out[f"{base}_holds"] = sum(c[base].get("holds", False) for c in by.values())
         out[f"greedy_fewer_gpus_than_{base}_where_it_holds"] = sum(
-            c["greedy"]["planned"] and c[base].get("holds") and c["greedy"]["gpus"] < c[base]["gpus"]
+            bool(c["greedy"]["planned"] and c[base].get("holds") and c["greedy"]["gpus"] < c[base]["gpus"])
             for c in by.values())
         out[f"greedy_more_gpus_than_{base}_where_it_holds"] = sum(
-            c["greedy"]["planned"] and c[base].get("holds") and c["greedy"]["gpus"] > c[base]["gpus"]
+            bool(c["greedy"]["planned"] and c[base].get("holds") and c["greedy"]["gpus"] > c[base]["gpus"])
             for c in by.values())
     for c in by.values():
         g, p = c["greedy"], c["paper-greedy"]
