@@ -28,6 +28,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from twin.core import step_ms
+
 PAPER_FEATURES = ("served_adapters", "sum_rate", "std_rate", "max_rank", "mean_rank", "std_rank", "a_max")
 FEATURES = PAPER_FEATURES + (
     "max_lora_rank", "kv_tokens", "mean_input_tokens", "mean_output_tokens", "arriving_tok_s",
@@ -58,14 +60,10 @@ def saturation_tok_s(terms, input_tokens, output_tokens, batch_adapters, kv_toke
     batch with ``batch_adapters`` distinct adapters.
     """
     max_seqs, budget = terms[0], terms[1]
-    k4, k5, kp, k6, k7, l0, l1, l2 = terms[2], terms[3], terms[4], terms[5], terms[6], terms[7], terms[8], terms[9]
     b = min(max_seqs, kv_tokens / (input_tokens + 0.5 * output_tokens))
     b = min(b, budget * output_tokens / (input_tokens + output_tokens))
     p = b * input_tokens / output_tokens
-    ms = (k5 + k4 * b + kp * p) * (k7 + k6 * batch_adapters) / 100.0
-    if batch_adapters > 0:
-        ms += l0 + l1 * b + l2 * batch_adapters
-    return (b + p) / ms * 1000.0
+    return (b + p) / step_ms(terms[2:], b, p, batch_adapters) * 1000.0
 
 
 @numba.njit(cache=True)

@@ -65,6 +65,75 @@ def _itl_bin(gap_s, n_hist):
 
 
 @nb.njit(cache=True, inline="always")
+def step_ms(lat, b, prompt_tokens, n_adapters):
+    """Step latency (ms) of the profile's model (``StepLatency.as_array`` order) for a batch of ``b``
+    requests, ``prompt_tokens`` prefill tokens and ``n_adapters`` distinct adapters."""
+    ms = (lat[1] + lat[0] * b + lat[2] * prompt_tokens) * (lat[4] + lat[3] * n_adapters) / 100.0
+    if n_adapters > 0:
+        ms += lat[5] + lat[6] * b + lat[7] * n_adapters
+    return ms
+
+
+@nb.njit(cache=True, inline="always")
+def scheduler_ms(sched, n_running, n_waiting, a_max):
+    """Scheduler overhead (ms) of one step."""
+    us = sched[0] * n_running + sched[1] * n_waiting + sched[2] * n_waiting * a_max / sched[4] + sched[3]
+    return us / 1000.0 if us > 0 else 0.0
+
+
+@nb.njit(cache=True, inline="always")
+def trace_scheduled(trace, trace_cap, tr_i, now, sched_req, sched_tok, nsched, n_sched_running):
+    """Append the step's scheduled/admitted events to the trace; returns the new trace length."""
+    for j in range(nsched):
+        if tr_i < trace_cap:
+            trace[tr_i, 0] = now
+            trace[tr_i, 1] = sched_req[j]
+            trace[tr_i, 2] = sched_tok[j]
+            trace[tr_i, 3] = EV_SCHEDULED if j < n_sched_running else EV_ADMITTED
+            tr_i += 1
+    return tr_i
+
+
+@nb.njit(cache=True, inline="always")
+def apply_step_output(sched_req, sched_tok, nsched, now, t_end, computed, ntok, first_tok, last_tok, itl_sum,
+                      itl_cnt, itl_hist, n_hist, in_len, out_len, state, finish, trace, trace_cap, tr_i):
+    """Apply one step's output: computed tokens, sampled tokens (latencies, ITL histogram) and finished
+    requests (marked FINISHED, freed by the caller). Returns (any request finished, new trace length)."""
+    any_finished = False
+    step_bin = -1
+    for j in range(nsched):
+        r = sched_req[j]
+        computed[r] += sched_tok[j]
+        if computed[r] == ntok[r]:
+            ntok[r] += 1
+            if first_tok[r] < 0:
+                first_tok[r] = t_end
+            if last_tok[r] >= 0:
+                gap = t_end - last_tok[r]
+                itl_sum[r] += gap
+                itl_cnt[r] += 1
+                # Most tokens follow one from the previous step (gap == dt): bin that once.
+                if last_tok[r] == now:
+                    if step_bin < 0:
+                        step_bin = _itl_bin(gap, n_hist)
+                    itl_hist[step_bin] += 1
+                else:
+                    itl_hist[_itl_bin(gap, n_hist)] += 1
+            last_tok[r] = t_end
+            if ntok[r] - in_len[r] >= out_len[r]:
+                state[r] = FINISHED
+                finish[r] = t_end
+                any_finished = True
+                if tr_i < trace_cap:
+                    trace[tr_i, 0] = now
+                    trace[tr_i, 1] = r
+                    trace[tr_i, 2] = 0
+                    trace[tr_i, 3] = EV_FINISHED
+                    tr_i += 1
+    return any_finished, tr_i
+
+
+@nb.njit(cache=True, inline="always")
 def _refresh_head(a, state, qkey, ad_list, arr_ptr, arr_end, stack_top, run_count,
                   all_keys, all_idx, set_keys, set_idx, size):
     """Recompute adapter ``a``'s queue head (skipping rejected arrivals) and update both trees."""
@@ -332,57 +401,18 @@ def simulate_core(
             last_used[a] = step
         b = float(nsched)
         prompt_tokens = float(n_tokens - n_decode)
-        step_ms = (lat[1] + lat[0] * b + lat[2] * prompt_tokens) * (lat[4] + lat[3] * n_batch_ads) / 100.0
-        if n_batch_ads > 0:
-            step_ms += lat[5] + lat[6] * b + lat[7] * n_batch_ads
-        sched_us = sched[0] * nrun + sched[1] * n_waiting + sched[2] * n_waiting * a_max / sched[4] + sched[3]
-        if sched_us > 0:
-            step_ms += sched_us / 1000.0
-        dt = (step_ms + load_ms) / 1000.0
+        ms = step_ms(lat, b, prompt_tokens, n_batch_ads) + scheduler_ms(sched, nrun, n_waiting, a_max)
+        dt = (ms + load_ms) / 1000.0
         t_end = now + dt
         busy_s += dt
 
         if trace_cap > 0:
-            for j in range(nsched):
-                if tr_i < trace_cap:
-                    trace[tr_i, 0] = now
-                    trace[tr_i, 1] = sched_req[j]
-                    trace[tr_i, 2] = sched_tok[j]
-                    trace[tr_i, 3] = EV_SCHEDULED if j < n_sched_running else EV_ADMITTED
-                    tr_i += 1
+            tr_i = trace_scheduled(trace, trace_cap, tr_i, now, sched_req, sched_tok, nsched, n_sched_running)
 
-        # 5. Apply the step's output: computed tokens, sampled tokens, finished requests.
-        any_finished = False
-        step_bin = -1
-        for j in range(nsched):
-            r = sched_req[j]
-            computed[r] += sched_tok[j]
-            if computed[r] == ntok[r]:
-                ntok[r] += 1
-                if first_tok[r] < 0:
-                    first_tok[r] = t_end
-                if last_tok[r] >= 0:
-                    gap = t_end - last_tok[r]
-                    itl_sum[r] += gap
-                    itl_cnt[r] += 1
-                    # Most tokens follow one from the previous step (gap == dt): bin that once.
-                    if last_tok[r] == now:
-                        if step_bin < 0:
-                            step_bin = _itl_bin(gap, n_hist)
-                        itl_hist[step_bin] += 1
-                    else:
-                        itl_hist[_itl_bin(gap, n_hist)] += 1
-                last_tok[r] = t_end
-                if ntok[r] - in_len[r] >= out_len[r]:
-                    state[r] = FINISHED
-                    finish[r] = t_end
-                    any_finished = True
-                    if tr_i < trace_cap:
-                        trace[tr_i, 0] = now
-                        trace[tr_i, 1] = r
-                        trace[tr_i, 2] = 0
-                        trace[tr_i, 3] = EV_FINISHED
-                        tr_i += 1
+        # 5. Apply the step's output: computed tokens, sampled tokens, finished requests (freed below).
+        any_finished, tr_i = apply_step_output(sched_req, sched_tok, nsched, now, t_end, computed, ntok, first_tok,
+                                               last_tok, itl_sum, itl_cnt, itl_hist, n_hist, in_len, out_len, state,
+                                               finish, trace, trace_cap, tr_i)
         if any_finished:
             k = 0
             for j in range(nrun):

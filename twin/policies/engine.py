@@ -35,17 +35,17 @@ import numba as nb
 import numpy as np
 
 from twin.core import (
-    EV_ADMITTED,
-    EV_FINISHED,
     EV_PREEMPTED,
-    EV_SCHEDULED,
     FINISHED,
     ITL_HIST_BINS_PER_DECADE,
     ITL_HIST_DECADES,
     REJECTED,
     RUNNING,
     WAITING,
-    _itl_bin,
+    apply_step_output,
+    scheduler_ms,
+    step_ms,
+    trace_scheduled,
 )
 from twin.policies.rules import (
     CACHE_DISCARD,
@@ -518,9 +518,7 @@ def simulate_policy_core(
             ad_prompt_tok[a] += sched_tok[j]
         b = float(nsched)
         prompt_tokens = float(n_tokens - n_decode)
-        step_ms = (lat[1] + lat[0] * b + lat[2] * prompt_tokens) * (lat[4] + lat[3] * n_batch_ads) / 100.0
-        if n_batch_ads > 0:
-            step_ms += lat[5] + lat[6] * b + lat[7] * n_batch_ads
+        ms = step_ms(lat, b, prompt_tokens, n_batch_ads)
         cpu_extra = -1.0
         for j in range(n_batch_ads):
             a = batch_ads[j]
@@ -530,14 +528,12 @@ def simulate_policy_core(
                 # overlapped with the GPU's base-model work; the step waits for the slower side.
                 left = min(1.0, (ad_ready[a] - now) / max(ad_load_ms[a] / 1000.0, 1e-12))
                 cpu_ms = ad_prompt_tok[a] * ad_cpu_ms_per_token[a] * left
-                cpu_extra = max(cpu_extra, max(0.0, cpu_ms - step_ms))
+                cpu_extra = max(cpu_extra, max(0.0, cpu_ms - ms))
         if cpu_extra >= 0:
-            step_ms += cpu_extra + fp[P_CPU_SYNC_MS]
+            ms += cpu_extra + fp[P_CPU_SYNC_MS]
             stats[S_CPU_STEPS] += 1
-        sched_us = sched[0] * nrun + sched[1] * n_waiting + sched[2] * n_waiting * a_max / sched[4] + sched[3]
-        if sched_us > 0:
-            step_ms += sched_us / 1000.0
-        dt = (step_ms + inline_ms) / 1000.0
+        ms += scheduler_ms(sched, nrun, n_waiting, a_max)
+        dt = (ms + inline_ms) / 1000.0
         stats[S_STALL_S] += inline_ms / 1000.0
         t_end = now + dt
         busy_s += dt
@@ -545,45 +541,12 @@ def simulate_policy_core(
         bs_avg = bs_avg * k_bs + b * (1.0 - k_bs)
 
         if trace_cap > 0:
-            for j in range(nsched):
-                if tr_i < trace_cap:
-                    trace[tr_i, 0] = now
-                    trace[tr_i, 1] = sched_req[j]
-                    trace[tr_i, 2] = sched_tok[j]
-                    trace[tr_i, 3] = EV_SCHEDULED if j < n_sched_running else EV_ADMITTED
-                    tr_i += 1
+            tr_i = trace_scheduled(trace, trace_cap, tr_i, now, sched_req, sched_tok, nsched, n_sched_running)
 
-        # 5. Apply the step: computed tokens, sampled tokens, finished requests free their memory.
-        any_finished = False
-        step_bin = -1
-        for j in range(nsched):
-            r = sched_req[j]
-            computed[r] += sched_tok[j]
-            if computed[r] == ntok[r]:
-                ntok[r] += 1
-                if first_tok[r] < 0:
-                    first_tok[r] = t_end
-                if last_tok[r] >= 0:
-                    gap = t_end - last_tok[r]
-                    itl_sum[r] += gap
-                    itl_cnt[r] += 1
-                    if last_tok[r] == now:
-                        if step_bin < 0:
-                            step_bin = _itl_bin(gap, n_hist)
-                        itl_hist[step_bin] += 1
-                    else:
-                        itl_hist[_itl_bin(gap, n_hist)] += 1
-                last_tok[r] = t_end
-                if ntok[r] - in_len[r] >= out_len[r]:
-                    state[r] = FINISHED
-                    finish[r] = t_end
-                    any_finished = True
-                    if tr_i < trace_cap:
-                        trace[tr_i, 0] = now
-                        trace[tr_i, 1] = r
-                        trace[tr_i, 2] = 0
-                        trace[tr_i, 3] = EV_FINISHED
-                        tr_i += 1
+        # 5. Apply the step's output: computed tokens, sampled tokens, finished requests (freed below).
+        any_finished, tr_i = apply_step_output(sched_req, sched_tok, nsched, now, t_end, computed, ntok, first_tok,
+                                               last_tok, itl_sum, itl_cnt, itl_hist, n_hist, in_len, out_len, state,
+                                               finish, trace, trace_cap, tr_i)
         if any_finished:
             k = 0
             for j in range(nrun):
