@@ -33,7 +33,7 @@ def run_case(args) -> list[dict]:
     from models.predictor import load_predictor
     from planner.evaluate import evaluate_placement
     from planner.placement import Placement, adapter_rows, build_instances, engine_settings
-    from planner.plan import PlanOptions, pack_request, run_algorithm
+    from planner.plan import PlanOptions, pack_request, plan_groups
     from twin import InfeasibleError, SimConfig, load_profile
 
     profile = load_profile(profile_id)
@@ -46,11 +46,13 @@ def run_case(args) -> list[dict]:
         row = {"rates": rates, "ranks": ranks, "adapters": n, "algorithm": alg}
         t0 = time.perf_counter()
         try:
-            groups = run_algorithm(req, opts)
+            groups, confirmation = plan_groups(req, opts)
         except InfeasibleError as exc:
             rows.append({**row, "plan_wall_s": time.perf_counter() - t0, "planned": False, "reason": str(exc)[:200]})
             continue
         row["plan_wall_s"] = time.perf_counter() - t0
+        if confirmation is not None:
+            row["confirmation"] = confirmation.to_dict()
         placement = Placement({}, build_instances(req, groups), adapter_rows(req), engine_settings(profile))
         ev = evaluate_placement(placement, wl, profile, SimConfig(a_max=1, duration_s=duration, seed=1))
         d = ev.to_dict()

@@ -19,7 +19,9 @@ policy).tokens_for`` first; a scenario the engine cannot start with raises
 
 from __future__ import annotations
 
+import multiprocessing
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -68,33 +70,42 @@ class Predictor(Protocol):
 
 @dataclass
 class TwinPredictor:
-    """Answers by simulating each scenario (Poisson arrivals, constant lengths, fixed seed)."""
+    """Answers by simulating each scenario (Poisson arrivals, constant lengths, fixed seed); ``jobs`` > 1
+    simulates the scenarios of one call in that many forked processes."""
 
     profile: Profile
     duration_s: float = 3600.0
     seed: int = 0
     kind: str = "twin"
     policy: PolicySpec | None = None
+    jobs: int = 1
 
     @property
     def profile_id(self) -> str:
         return self.profile.profile_id
 
     def predict(self, scenarios: Sequence[GpuScenario]) -> Predictions:
-        thr = np.empty(len(scenarios))
-        arriving = np.empty(len(scenarios))
-        for i, sc in enumerate(scenarios):
-            workload = Workload(tuple(
-                Adapter(f"a{j}", int(sc.ranks[j]), float(sc.rates_rps[j]),
-                        float(sc.input_tokens[j]), float(sc.output_tokens[j]))
-                for j in range(len(sc))
-            ))
-            res = simulate(workload, self.profile, SimConfig(
-                a_max=sc.a_max, duration_s=self.duration_s, seed=self.seed, max_lora_rank=sc.max_lora_rank,
-                policy=self.policy))
-            thr[i] = res.total_throughput_tok_s
-            arriving[i] = res.arriving_tok_s
+        if self.jobs > 1 and len(scenarios) > 1:
+            ctx = multiprocessing.get_context("fork")  # workers inherit the compiled twin: no start-up compile
+            with ProcessPoolExecutor(min(self.jobs, len(scenarios)), mp_context=ctx) as pool:
+                out = list(pool.map(self._simulate, scenarios))
+        else:
+            out = [self._simulate(sc) for sc in scenarios]
+        res = np.array(out, float).reshape(len(scenarios), 2)
+        thr, arriving = res[:, 0].copy(), res[:, 1].copy()
         return Predictions(thr, thr < STARVATION_THRESHOLD * arriving, arriving)
+
+    def _simulate(self, sc: GpuScenario) -> tuple[float, float]:
+        """(throughput, arriving) tokens/s of one scenario."""
+        workload = Workload(tuple(
+            Adapter(f"a{j}", int(sc.ranks[j]), float(sc.rates_rps[j]),
+                    float(sc.input_tokens[j]), float(sc.output_tokens[j]))
+            for j in range(len(sc))
+        ))
+        res = simulate(workload, self.profile, SimConfig(
+            a_max=sc.a_max, duration_s=self.duration_s, seed=self.seed, max_lora_rank=sc.max_lora_rank,
+            policy=self.policy))
+        return res.total_throughput_tok_s, res.arriving_tok_s
 
 
 PredictorFactory = Callable[[Profile, PolicySpec | None], Predictor]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -65,6 +66,11 @@ def _progress(k: int, n: int, name: str) -> None:
               help="greedy: split an adapter too hot for one GPU over replicas with routing weights.")
 @click.option("--balance/--no-balance", default=True, show_default=True,
               help="greedy: spread spare capacity evenly over the GPUs it uses.")
+@click.option("--confirm/--no-confirm", default=True, show_default=True,
+              help="greedy with a surrogate: simulate every planned GPU in the twin (the run `planner evaluate` "
+                   "makes) and pack the adapters of any that falls short again with a load margin.")
+@click.option("--jobs", type=click.IntRange(min=1), default=None,
+              help="Processes simulating GPUs for --confirm [CPU cores].")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random baseline.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the placement JSON here.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "vllm"]), default="table", show_default=True,
@@ -79,12 +85,14 @@ def _progress(k: int, n: int, name: str) -> None:
               help="Write a PNG of per-GPU load vs predicted throughput and A_max (needs matplotlib).")
 @user_errors
 def plan(workload, profile_id, gpus, algorithm, predictor_kind, policy, policy_params, headroom, input_tokens,
-         output_tokens, split_hot, balance, seed, out, fmt, as_json, model, adapter_dir, port_base, plot) -> None:
+         output_tokens, split_hot, balance, confirm, jobs, seed, out, fmt, as_json, model, adapter_dir, port_base,
+         plot) -> None:
     """Plan the fewest GPUs that serve WORKLOAD, which adapter goes where, and each GPU's --max-loras.
 
     WORKLOAD is a CSV with one row per adapter (adapter_id,rank,rate_rps[,input_tokens,output_tokens,path]).
     Every GPU of a greedy plan is predicted to keep up (throughput >= 0.9 x arriving tokens) and to
-    start in memory with its --max-loras and --max-lora-rank. With --policy other than vllm, the GPUs
+    start in memory with its --max-loras and --max-lora-rank; with a surrogate it is also confirmed in
+    the twin (--confirm), so `planner evaluate` with its defaults finds no GPU starving. With --policy other than vllm, the GPUs
     run that serving policy (predicted by its surrogate, else the twin; every --max-loras starts since
     KV and adapters share one pool) and the placement records it for `planner evaluate`.
     """
@@ -98,9 +106,10 @@ def plan(workload, profile_id, gpus, algorithm, predictor_kind, policy, policy_p
     wl = read_workload(workload, profile)
     predictor = load_predictor_for(profile, predictor_kind, policy_from_cli(policy, policy_params))
     opts = PlanOptions(algorithm=algorithm, gpus=gpus, headroom=headroom, seed=seed, input_tokens=input_tokens,
-                       output_tokens=output_tokens, split_hot=split_hot, balance=balance)
+                       output_tokens=output_tokens, split_hot=split_hot, balance=balance, confirm=confirm,
+                       jobs=jobs or os.cpu_count() or 1)
     t0 = time.perf_counter()
-    placement = make_plan(workload, wl, profile, predictor, opts)
+    placement = make_plan(workload, wl, profile, predictor, opts, progress=lambda msg: click.echo(msg, err=True))
     placement.inputs["plan_wall_s"] = round(time.perf_counter() - t0, 6)
     doc = placement.to_dict()
     if out:

@@ -37,6 +37,7 @@ class PackRequest:
     output_tokens: np.ndarray
     seed: int = 0
     policy: PolicySpec | None = None  # the predictor's serving policy; None: stock vLLM
+    margin: float = 0.0  # a GPU passes only if predicted to keep up with (1 + margin) x its load
 
     @classmethod
     def build(cls, workload: Workload, profile: Profile, predictor: Predictor, max_gpus: int,
@@ -128,30 +129,34 @@ STRESS_FACTOR = 1.5
 def best_a_max(req: PackRequest, shares: dict[int, float]) -> GroupVerdict:
     """Test one GPU's group over every memory-feasible A_max candidate.
 
-    Among candidates predicted not to starve, pick the one with the highest predicted throughput
-    when the group's load is scaled by :data:`STRESS_FACTOR` (its spare capacity); ties go to the
-    larger A_max. Not ok when every candidate starves or none starts in memory.
+    Among candidates predicted not to starve (at the load scaled by ``1 + req.margin``), pick the one
+    with the highest predicted throughput when that load is scaled again by :data:`STRESS_FACTOR` (its
+    spare capacity); ties go to the larger A_max. Not ok when every candidate starves or none starts in
+    memory. The throughput returned is the one predicted at the margin-scaled load.
     """
     ranks = req.ranks[list(shares)]
     cands = a_max_candidates(req.kv, ranks, len(shares))
     if not cands:
         return GroupVerdict(False)
-    nominal = req.predictor.predict([group_scenario(req, shares, a) for a in cands])
+    scale = 1.0 + req.margin
+    nominal = req.predictor.predict([group_scenario(req, shares, a, scale) for a in cands])
     keep = [a for a, s in zip(cands, nominal.starved) if not s]
     if not keep:
         return GroupVerdict(False)
     if len(keep) == 1:
         return GroupVerdict(True, keep[0], float(nominal.throughput_tok_s[cands.index(keep[0])]))
-    stressed = req.predictor.predict([group_scenario(req, shares, a, STRESS_FACTOR) for a in keep])
+    stressed = req.predictor.predict([group_scenario(req, shares, a, STRESS_FACTOR * scale) for a in keep])
     best = max(range(len(keep)), key=lambda i: (stressed.throughput_tok_s[i], keep[i]))
     return GroupVerdict(True, keep[best], float(nominal.throughput_tok_s[cands.index(keep[best])]))
 
 
 def keeps_up(req: PackRequest, shares: dict[int, float], a_max: int, max_lora_rank: int) -> bool:
-    """Does this group keep up with exactly this A_max and max_lora_rank (both start-up settings)?"""
+    """Does this group keep up (with ``req.margin``) with exactly this A_max and max_lora_rank (both start-up
+    settings)?"""
     if int(req.ranks[list(shares)].max()) > max_lora_rank or req.kv.tokens_for(a_max, max_lora_rank) is None:
         return False
-    return not bool(req.predictor.predict([group_scenario(req, shares, a_max, max_lora_rank=max_lora_rank)]).starved[0])
+    scen = group_scenario(req, shares, a_max, 1.0 + req.margin, max_lora_rank=max_lora_rank)
+    return not bool(req.predictor.predict([scen]).starved[0])
 
 
 def priority_order(ranks: np.ndarray, rates: np.ndarray) -> list[int]:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from models.predictor import Predictor
 from planner.baselines import plan_dlora, plan_latency, plan_maxbase, plan_random
+from planner.confirm import Confirmation, Progress, pack_confirmed
 from planner.greedy import plan_greedy
 from planner.packing import GpuGroup, PackRequest
 from planner.paper_greedy import plan_paper_greedy
@@ -48,6 +49,8 @@ class PlanOptions:
     output_tokens: float | None = None
     split_hot: bool = True
     balance: bool = True
+    confirm: bool = True  # greedy with a surrogate: confirm every GPU in the twin, repack if one falls short
+    jobs: int = 1  # processes for the twin confirmation
 
 
 def pack_request(workload: Workload, profile: Profile, predictor: Predictor, opts: PlanOptions) -> PackRequest:
@@ -72,13 +75,29 @@ def run_algorithm(req: PackRequest, opts: PlanOptions) -> list[GpuGroup]:
     return _spec(opts.algorithm).run(req)
 
 
+def confirms(req: PackRequest, opts: PlanOptions) -> bool:
+    """Is this plan checked in the twin? Greedy plans made with a model other than the twin itself."""
+    return opts.confirm and opts.algorithm == "greedy" and req.predictor.kind != "twin"
+
+
+def plan_groups(req: PackRequest, opts: PlanOptions,
+                progress: Progress | None = None) -> tuple[list[GpuGroup], Confirmation | None]:
+    """Run the algorithm, confirmed in the twin where :func:`confirms` says so (else no confirmation)."""
+    if confirms(req, opts):
+        return pack_confirmed(req, opts.split_hot, opts.balance, opts.jobs, progress)
+    return run_algorithm(req, opts), None
+
+
 def make_plan(workload_path: str | os.PathLike, workload: Workload, profile: Profile, predictor: Predictor,
-              opts: PlanOptions) -> Placement:
+              opts: PlanOptions, progress: Progress | None = None) -> Placement:
     """Plan ``workload``; raises :class:`InfeasibleError` when the algorithm finds no plan."""
     req = pack_request(workload, profile, predictor, opts)
-    groups = run_algorithm(req, opts)
+    inputs = plan_inputs(workload_path, req, opts.algorithm, opts.headroom)
+    groups, confirmation = plan_groups(req, opts, progress)
+    if confirmation is not None:
+        inputs["confirmation"] = confirmation.to_dict()
     return Placement(
-        inputs=plan_inputs(workload_path, req, opts.algorithm, opts.headroom),
+        inputs=inputs,
         instances=build_instances(req, groups),
         adapters=adapter_rows(req),
         engine=engine_settings(profile),

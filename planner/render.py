@@ -41,7 +41,18 @@ def render_table(p: Placement) -> str:
     verdict = "every GPU keeps up and starts" if s["all_ok"] else (
         f"{s['predicted_starving']} GPU(s) predicted to starve, {s['memory_errors']} with a memory error")
     lines.append(f"\ntotal: {_fmt(s['predicted_throughput_tok_s'])} of {_fmt(s['arriving_tok_s'])} tok/s; {verdict}")
+    if "confirmation" in p.inputs:
+        lines.append(_confirmation_line(p.inputs["confirmation"]))
     return "\n".join(lines)
+
+
+def _confirmation_line(c: dict) -> str:
+    line = (f"confirmed in the twin ({c['duration_s']:.0f} simulated s per GPU): the worst GPU serves "
+            f"{c['worst_ratio']:.1%} of its arriving tokens")
+    if c["repacked_gpus"]:
+        line += (f"; {c['repacked_gpus']} GPU(s) of the surrogate's plan fell short and their adapters were packed "
+                 f"again with up to a {c['margin']:.1%} load margin")
+    return line
 
 
 def adapter_path(p: Placement, adapter_id: str, adapter_dir: str) -> str:

@@ -1,0 +1,111 @@
+"""Twin confirmation of surrogate plans (planner.confirm): GPUs that fall short are packed again.
+
+The predictor here is the shipped Llama surrogate told 40 % less traffic than arrives: a real model
+made optimistic on purpose, so its plans starve in the twin whatever the surrogate's own accuracy.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from models.predictor import GpuScenario, TwinPredictor, load_predictor
+from planner.cli import main
+from planner.confirm import CONFIRM_RATIO
+from planner.evaluate import evaluate_placement
+from planner.plan import PlanOptions, make_plan
+from tests.planner_helpers import workload
+from twin import InfeasibleError, SimConfig, load_profile
+
+PROFILE = "h100-64gb-llama-3.1-8b"
+
+
+@dataclass
+class Optimistic:
+    base: object
+    factor: float = 0.6
+    kind: str = "optimistic-surrogate"
+
+    @property
+    def profile_id(self):
+        return self.base.profile_id
+
+    @property
+    def policy(self):
+        return self.base.policy
+
+    def predict(self, scenarios):
+        return self.base.predict([replace(s, rates_rps=s.rates_rps * self.factor) for s in scenarios])
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    profile = load_profile(PROFILE)
+    wl = workload([1.6, 0.4, 1.0, 0.2] * 16, [8, 16, 32, 8] * 16, tokens=(300.0, 200.0))
+    path = tmp_path_factory.mktemp("wl") / "wl.csv"  # the plan records it; the adapters come from ``wl``
+    path.write_text("adapter_id,rank,rate_rps,input_tokens,output_tokens\n" + "".join(
+        f"{a.adapter_id},{a.rank},{a.rate_rps},300,200\n" for a in wl.adapters))
+    return profile, wl, path, Optimistic(load_predictor(profile, "surrogate"))
+
+
+def _evaluate(placement, wl, profile):
+    return evaluate_placement(placement, wl, profile, SimConfig(a_max=1))  # `planner evaluate`'s defaults
+
+
+def test_unconfirmed_optimistic_plan_starves_in_the_twin(setup):
+    profile, wl, path, pred = setup
+    placement = make_plan(path, wl, profile, pred, PlanOptions(confirm=False))
+    assert "confirmation" not in placement.inputs
+    assert not _evaluate(placement, wl, profile).ok
+
+
+def test_confirmed_plan_repacks_the_short_gpus_until_the_twin_agrees(setup):
+    profile, wl, path, pred = setup
+    loose = make_plan(path, wl, profile, pred, PlanOptions(confirm=False))
+    messages = []
+    placement = make_plan(path, wl, profile, pred, PlanOptions(jobs=2), progress=messages.append)
+    conf = placement.inputs["confirmation"]
+    assert conf["rounds"] >= 2 and conf["repacked_gpus"] >= 1 and conf["margin"] > 0
+    assert conf["worst_ratio"] >= CONFIRM_RATIO
+    assert messages and "fall short" in messages[0]
+    assert len(placement.instances) > len(loose.instances)
+    ev = _evaluate(placement, wl, profile)
+    assert ev.ok, [i.to_dict() for i in ev.instances if i.starved]
+    placed = {aid for inst in placement.instances for aid in inst.adapters}
+    assert placed == {a.adapter_id for a in wl.adapters}
+
+
+def test_repacking_past_the_gpu_limit_is_infeasible_and_says_why(setup):
+    profile, wl, path, pred = setup
+    loose = make_plan(path, wl, profile, pred, PlanOptions(confirm=False))
+    with pytest.raises(InfeasibleError, match="packed again"):
+        make_plan(path, wl, profile, pred, PlanOptions(gpus=len(loose.instances)))
+
+
+def test_twin_and_other_algorithms_are_not_confirmed(setup):
+    profile, wl, path, pred = setup
+    placement = make_plan(path, wl, profile, pred, PlanOptions(algorithm="paper-greedy"))
+    assert "confirmation" not in placement.inputs
+
+
+def test_parallel_twin_predictions_equal_serial(setup):
+    profile = setup[0]
+    scen = [GpuScenario(np.array([8, 16]), np.array([r, r / 2]), np.array([300.0] * 2), np.array([200.0] * 2), 2)
+            for r in (1.0, 5.0, 40.0)]
+    serial = TwinPredictor(profile, duration_s=300.0).predict(scen)
+    parallel = TwinPredictor(profile, duration_s=300.0, jobs=2).predict(scen)
+    assert np.array_equal(serial.throughput_tok_s, parallel.throughput_tok_s)
+    assert np.array_equal(serial.starved, parallel.starved) and serial.starved.any() and not serial.starved.all()
+
+
+def test_cli_plan_reports_the_confirmation_and_can_skip_it():
+    wl = "datasets/workloads/mixed-ranks-128-adapters.csv"
+    res = CliRunner().invoke(main, ["plan", wl, "--json", "--jobs", "1"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["inputs"]["confirmation"]["worst_ratio"] >= CONFIRM_RATIO
+    res = CliRunner().invoke(main, ["plan", wl, "--no-confirm"])
+    assert res.exit_code == 0 and "confirmed in the twin" not in res.output
