@@ -58,6 +58,10 @@ class Predictions:
     throughput_tok_s: np.ndarray  # float64, one per scenario
     starved: np.ndarray  # bool
     arriving_tok_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    # Latency, from the twin only (None from the surrogates): p99 TTFT of finished requests, and the
+    # fraction of arrivals that finished within the window.
+    ttft_ms_p99: np.ndarray | None = None
+    finished_fraction: np.ndarray | None = None
 
 
 class Predictor(Protocol):
@@ -91,12 +95,12 @@ class TwinPredictor:
                 out = list(pool.map(self._simulate, scenarios))
         else:
             out = [self._simulate(sc) for sc in scenarios]
-        res = np.array(out, float).reshape(len(scenarios), 2)
+        res = np.array(out, float).reshape(len(scenarios), 4)
         thr, arriving = res[:, 0].copy(), res[:, 1].copy()
-        return Predictions(thr, thr < STARVATION_THRESHOLD * arriving, arriving)
+        return Predictions(thr, thr < STARVATION_THRESHOLD * arriving, arriving, res[:, 2].copy(), res[:, 3].copy())
 
-    def _simulate(self, sc: GpuScenario) -> tuple[float, float]:
-        """(throughput, arriving) tokens/s of one scenario."""
+    def _simulate(self, sc: GpuScenario) -> tuple[float, float, float, float]:
+        """(throughput, arriving) tokens/s, p99 TTFT (ms) and finished fraction of one scenario."""
         workload = Workload(tuple(
             Adapter(f"a{j}", int(sc.ranks[j]), float(sc.rates_rps[j]),
                     float(sc.input_tokens[j]), float(sc.output_tokens[j]))
@@ -105,7 +109,8 @@ class TwinPredictor:
         res = simulate(workload, self.profile, SimConfig(
             a_max=sc.a_max, duration_s=self.duration_s, seed=self.seed, max_lora_rank=sc.max_lora_rank,
             policy=self.policy))
-        return res.total_throughput_tok_s, res.arriving_tok_s
+        done = res.finished_requests / res.arrived_requests if res.arrived_requests else 1.0
+        return res.total_throughput_tok_s, res.arriving_tok_s, res.ttft_ms_p99, done
 
 
 PredictorFactory = Callable[[Profile, PolicySpec | None], Predictor]

@@ -11,7 +11,9 @@
 * ``dlora``: dLoRA's proactive placement (OSDI'24) as the study adapted it: maximise the minimum
   "burst tolerance" (free KV tokens of the GPUs hosting an adapter over its expected requests in an
   hour), replicas allowed, then pad to G + N − 1 replicas; requests split evenly over replicas;
-  A_max = adapters on the GPU; no memory or starvation check.
+  A_max = adapters on the GPU; no memory or starvation check. One departure: dLoRA's loop never ends
+  when the last unplaced adapter lowers the burst tolerance on every GPU (free KV memory already
+  overcommitted, e.g. ~700+ adapters on 4 H100s); here an unplaced adapter is always accepted.
 """
 
 from __future__ import annotations
@@ -117,7 +119,7 @@ def plan_dlora(req: PackRequest) -> list[GpuGroup]:
             hosts[nxt, e] = True
             free[e] -= lora_size
             bt = min_bt() if not unalloc.any() or (unalloc.sum() == 1 and unalloc[nxt]) else 0.0
-            if bt >= best_bt:
+            if bt >= best_bt or unalloc[nxt]:
                 cur[nxt] += 1
                 n_rep += 1
                 best_bt = bt

@@ -16,6 +16,7 @@ Examples:
   planner plan workload.csv --gpus 4 --out plan.json --format vllm --model /models/llama-3.1-8b
   planner plan workload.csv --algorithm paper-greedy --json
   planner plan workload.csv --headroom 0.2 --plot plan.png     # plan for 20 % more traffic
+  planner plan workload.csv --max-ttft 2                        # and p99 TTFT <= 2 s in the twin
   planner plan workload.csv --policy chameleon --out plan.json  # servers running Chameleon (twin)
 
 \b
@@ -69,6 +70,9 @@ def _progress(k: int, n: int, name: str) -> None:
 @click.option("--confirm/--no-confirm", default=True, show_default=True,
               help="greedy with a surrogate: simulate every planned GPU in the twin (the run `planner evaluate` "
                    "makes) and pack the adapters of any that falls short again with a load margin.")
+@click.option("--max-ttft", "max_ttft", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+              help="greedy: also require each GPU's p99 time to first token in the twin to be at most this "
+                   "(the 90 % rule alone allows a standing queue); GPUs that miss it are packed again.")
 @click.option("--jobs", type=click.IntRange(min=1), default=None,
               help="Processes simulating GPUs for --confirm [CPU cores].")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random baseline.")
@@ -85,7 +89,7 @@ def _progress(k: int, n: int, name: str) -> None:
               help="Write a PNG of per-GPU load vs predicted throughput and A_max (needs matplotlib).")
 @user_errors
 def plan(workload, profile_id, gpus, algorithm, predictor_kind, policy, policy_params, headroom, input_tokens,
-         output_tokens, split_hot, balance, confirm, jobs, seed, out, fmt, as_json, model, adapter_dir, port_base,
+         output_tokens, split_hot, balance, confirm, max_ttft, jobs, seed, out, fmt, as_json, model, adapter_dir, port_base,
          plot) -> None:
     """Plan the fewest GPUs that serve WORKLOAD, which adapter goes where, and each GPU's --max-loras.
 
@@ -107,7 +111,7 @@ def plan(workload, profile_id, gpus, algorithm, predictor_kind, policy, policy_p
     predictor = load_predictor_for(profile, predictor_kind, policy_from_cli(policy, policy_params))
     opts = PlanOptions(algorithm=algorithm, gpus=gpus, headroom=headroom, seed=seed, input_tokens=input_tokens,
                        output_tokens=output_tokens, split_hot=split_hot, balance=balance, confirm=confirm,
-                       jobs=jobs or os.cpu_count() or 1)
+                       jobs=jobs or os.cpu_count() or 1, max_ttft_s=max_ttft)
     t0 = time.perf_counter()
     placement = make_plan(workload, wl, profile, predictor, opts, progress=lambda msg: click.echo(msg, err=True))
     placement.inputs["plan_wall_s"] = round(time.perf_counter() - t0, 6)

@@ -7,6 +7,10 @@ of a surrogate plan starve when simulated. After packing, every GPU is run in th
 short, the GPUs it confirms are kept and the adapters of the others are packed again, each new GPU
 planned to keep up with (1 + margin) x its load (:attr:`PackRequest.margin`), the margin grown from
 the worst GPU's shortfall. Only the GPUs packed anew are simulated again.
+
+The 90 % rule tolerates a standing queue: a GPU serving 95 % of its arrivals over an hour may hold
+minutes of backlog. With a p99 TTFT limit (``planner plan --max-ttft``), a GPU is confirmed only if it
+also meets that limit in the twin, and the same repacking applies (the surrogates predict no latency).
 """
 
 from __future__ import annotations
@@ -30,11 +34,54 @@ CONFIRM_SEED = 0
 #: A GPU is confirmed when its simulated throughput is at least this fraction of its arriving tokens:
 #: the starvation threshold plus 0.01 for the Poisson noise between one seed and another.
 CONFIRM_RATIO = STARVATION_THRESHOLD + 0.01
-#: Each new round raises the load factor (1 + margin) by at least this fraction.
+#: With a p99 TTFT limit, a GPU must also finish this fraction of its arrivals within the window
+#: (requests still queued at its end have no TTFT, so they would otherwise escape the percentile).
+MIN_FINISHED = 0.99
+#: Each new round raises the load factor (1 + margin) by at least this fraction; by this one when
+#: the only shortfall is latency (a GPU that keeps up gives no throughput ratio to size the step).
 MIN_STEP = 0.02
+LATENCY_STEP = 0.05
 MAX_ROUNDS = 8
 
 Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class TwinCheck:
+    """The twin's verdict on a list of GPU groups, one entry per group."""
+
+    ratio: np.ndarray  # throughput / arriving tokens
+    ttft_ms_p99: np.ndarray  # of finished requests
+    finished: np.ndarray  # fraction of arrivals finished in the window
+
+    def keeps_up(self) -> np.ndarray:
+        return self.ratio >= CONFIRM_RATIO
+
+    def meets(self, max_ttft_s: float | None) -> np.ndarray:
+        ok = self.keeps_up()
+        if max_ttft_s is not None:
+            ok &= (self.ttft_ms_p99 <= max_ttft_s * 1000.0) & (self.finished >= MIN_FINISHED)
+        return ok
+
+
+def twin_check(req: PackRequest, groups: list[GpuGroup], jobs: int = 1) -> TwinCheck:
+    """Simulate each group at its planned A_max and max_lora_rank."""
+    twin = TwinPredictor(req.profile, CONFIRM_DURATION_S, CONFIRM_SEED, policy=req.policy, jobs=jobs)
+    pred = twin.predict([group_scenario(req, g.shares, g.a_max, max_lora_rank=g.max_lora_rank) for g in groups])
+    return TwinCheck(pred.throughput_tok_s / np.maximum(pred.arriving_tok_s, 1e-12), pred.ttft_ms_p99,
+                     pred.finished_fraction)
+
+
+def next_margin(margin: float, check: TwinCheck, max_ttft_s: float | None) -> float:
+    """The margin of the next round: enough to bring the worst starving GPU's load down to what it
+    sustained, and at least :data:`LATENCY_STEP` more when a GPU that keeps up misses the TTFT limit."""
+    factor = 1.0 + MIN_STEP
+    up = check.keeps_up()
+    if not up.all():
+        factor = max(factor, CONFIRM_RATIO / float(check.ratio.min()))
+    if (up & ~check.meets(max_ttft_s)).any():
+        factor = max(factor, 1.0 + LATENCY_STEP)
+    return (1.0 + margin) * factor - 1.0
 
 
 @dataclass(frozen=True)
@@ -43,32 +90,26 @@ class Confirmation:
     rounds: int  # packings run (1: the first plan was confirmed as it was)
     repacked: int  # GPUs of earlier packings that fell short and had their adapters packed again
     ratios: list[float]  # per GPU of the final plan: twin throughput / arriving tokens
+    ttft_ms_p99: list[float]  # per GPU of the final plan
+    max_ttft_s: float | None
     wall_s: float
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "by": "twin", "duration_s": CONFIRM_DURATION_S, "seed": CONFIRM_SEED, "min_ratio": CONFIRM_RATIO,
-            "margin": round(self.margin, 4), "rounds": self.rounds, "repacked_gpus": self.repacked,
-            "worst_ratio": round(min(self.ratios), 4) if self.ratios else None, "wall_s": round(self.wall_s, 3),
+            "max_ttft_s": self.max_ttft_s, "margin": round(self.margin, 4), "rounds": self.rounds,
+            "repacked_gpus": self.repacked, "worst_ratio": round(min(self.ratios), 4) if self.ratios else None,
+            "worst_ttft_ms_p99": round(max(self.ttft_ms_p99), 1) if self.ttft_ms_p99 else None,
+            "wall_s": round(self.wall_s, 3),
         }
 
 
-def twin_ratios(req: PackRequest, groups: list[GpuGroup], jobs: int = 1) -> np.ndarray:
-    """Simulated throughput / arriving tokens of each group, at its planned A_max and max_lora_rank."""
-    twin = TwinPredictor(req.profile, CONFIRM_DURATION_S, CONFIRM_SEED, policy=req.policy, jobs=jobs)
-    pred = twin.predict([group_scenario(req, g.shares, g.a_max, max_lora_rank=g.max_lora_rank) for g in groups])
-    return pred.throughput_tok_s / np.maximum(pred.arriving_tok_s, 1e-12)
-
-
-def next_margin(margin: float, worst_ratio: float) -> float:
-    """The margin of the next round: enough to bring the worst GPU's load down to what it sustained."""
-    return (1.0 + margin) * max(1.0 + MIN_STEP, CONFIRM_RATIO / worst_ratio) - 1.0
-
-
 def pack_confirmed(req: PackRequest, split_hot: bool = True, balance: bool = True, jobs: int = 1,
+                   max_ttft_s: float | None = None,
                    progress: Progress | None = None) -> tuple[list[GpuGroup], Confirmation]:
-    """Pack with :func:`plan_greedy`, keep the GPUs the twin confirms, and pack the adapters of the others
-    again with a larger ``req.margin`` until every GPU is confirmed (``jobs``: processes simulating).
+    """Pack with :func:`plan_greedy`, keep the GPUs the twin confirms (keeping up, and within
+    ``max_ttft_s`` p99 TTFT if given), and pack the adapters of the others again with a larger
+    ``req.margin`` until every GPU is confirmed (``jobs``: processes simulating).
 
     Raises :class:`InfeasibleError` when a repacking needs more GPUs than allowed, or when
     :data:`MAX_ROUNDS` packings still leave a GPU short.
@@ -76,7 +117,8 @@ def pack_confirmed(req: PackRequest, split_hot: bool = True, balance: bool = Tru
     t0 = time.perf_counter()
     margin = req.margin
     confirmed: list[GpuGroup] = []
-    ratios_ok: list[float] = []
+    ratios: list[float] = []
+    ttfts: list[float] = []
     entries: list[Entry] | None = None  # None: every adapter
     repacked = 0
     for rounds in range(1, MAX_ROUNDS + 1):
@@ -85,24 +127,27 @@ def pack_confirmed(req: PackRequest, split_hot: bool = True, balance: bool = Tru
         except InfeasibleError as exc:
             if rounds == 1:
                 raise
-            raise InfeasibleError(f"{exc} (the twin found {repacked} GPU(s) of the surrogate's plan starving; their "
-                                  f"adapters were packed again to keep up with {1 + margin:.3g}x their load)") from None
-        ratios = twin_ratios(req, groups, jobs)
-        good = ratios >= CONFIRM_RATIO
+            raise InfeasibleError(f"{exc} (the twin found {repacked} GPU(s) of the first plan short; their adapters "
+                                  f"were packed again to keep up with {1 + margin:.3g}x their load)") from None
+        check = twin_check(req, groups, jobs)
+        good = check.meets(max_ttft_s)
         confirmed += [g for g, ok in zip(groups, good) if ok]
-        ratios_ok += ratios[good].tolist()
+        ratios += check.ratio[good].tolist()
+        ttfts += check.ttft_ms_p99[good].tolist()
         if good.all():
-            return confirmed, Confirmation(margin, rounds, repacked, ratios_ok, time.perf_counter() - t0)
+            return confirmed, Confirmation(margin, rounds, repacked, ratios, ttfts, max_ttft_s,
+                                           time.perf_counter() - t0)
         short = [g for g, ok in zip(groups, good) if not ok]
         repacked += len(short)
-        worst = float(ratios.min())
-        margin = next_margin(margin, worst)
+        margin = next_margin(margin, check, max_ttft_s)
         entries = list(_total_shares(short).items())
         if progress:
-            progress(f"twin check: {len(short)} of {len(groups)} GPUs fall short (worst keeps up with {worst:.1%} "
-                     f"of its load); packing their adapters again with a {margin:.1%} load margin")
-    raise InfeasibleError(f"the twin still finds starving GPUs after {MAX_ROUNDS} packings "
-                          f"(load margin {margin:.1%}); plan with --predictor twin")
+            slow = int((check.keeps_up() & ~good).sum())
+            progress(f"twin check: {len(short)} of {len(groups)} GPUs fall short (worst serves "
+                     f"{check.ratio.min():.1%} of its load{f'; {slow} miss the TTFT limit' if slow else ''}); "
+                     f"packing their adapters again with a {margin:.1%} load margin")
+    raise InfeasibleError(f"the twin still finds GPUs short after {MAX_ROUNDS} packings "
+                          f"(load margin {margin:.1%}); plan with --predictor twin or allow a longer TTFT")
 
 
 def _total_shares(groups: list[GpuGroup]) -> dict[int, float]:

@@ -51,6 +51,7 @@ class PlanOptions:
     balance: bool = True
     confirm: bool = True  # greedy with a surrogate: confirm every GPU in the twin, repack if one falls short
     jobs: int = 1  # processes for the twin confirmation
+    max_ttft_s: float | None = None  # confirmation also requires the twin's p99 TTFT within this
 
 
 def pack_request(workload: Workload, profile: Profile, predictor: Predictor, opts: PlanOptions) -> PackRequest:
@@ -76,15 +77,19 @@ def run_algorithm(req: PackRequest, opts: PlanOptions) -> list[GpuGroup]:
 
 
 def confirms(req: PackRequest, opts: PlanOptions) -> bool:
-    """Is this plan checked in the twin? Greedy plans made with a model other than the twin itself."""
-    return opts.confirm and opts.algorithm == "greedy" and req.predictor.kind != "twin"
+    """Is this plan checked in the twin? Greedy plans made with a model other than the twin itself, and
+    every greedy plan with a TTFT limit."""
+    if opts.max_ttft_s is not None and not (opts.confirm and opts.algorithm == "greedy"):
+        raise BadInputError("--max-ttft is checked by the twin confirmation of greedy plans; "
+                            "drop --no-confirm or use --algorithm greedy")
+    return opts.confirm and opts.algorithm == "greedy" and (req.predictor.kind != "twin" or opts.max_ttft_s is not None)
 
 
 def plan_groups(req: PackRequest, opts: PlanOptions,
                 progress: Progress | None = None) -> tuple[list[GpuGroup], Confirmation | None]:
     """Run the algorithm, confirmed in the twin where :func:`confirms` says so (else no confirmation)."""
     if confirms(req, opts):
-        return pack_confirmed(req, opts.split_hot, opts.balance, opts.jobs, progress)
+        return pack_confirmed(req, opts.split_hot, opts.balance, opts.jobs, opts.max_ttft_s, progress)
     return run_algorithm(req, opts), None
 
 

@@ -48,7 +48,9 @@ def render_table(p: Placement) -> str:
 
 def _confirmation_line(c: dict) -> str:
     line = (f"confirmed in the twin ({c['duration_s']:.0f} simulated s per GPU): the worst GPU serves "
-            f"{c['worst_ratio']:.1%} of its arriving tokens")
+            f"{c['worst_ratio']:.1%} of its arriving tokens, the worst p99 TTFT is {c['worst_ttft_ms_p99'] / 1000:,.1f} s")
+    if c["max_ttft_s"] is not None:
+        line += f" (limit {c['max_ttft_s']:g} s)"
     if c["repacked_gpus"]:
         line += (f"; {c['repacked_gpus']} GPU(s) of the surrogate's plan fell short and their adapters were packed "
                  f"again with up to a {c['margin']:.1%} load margin")

@@ -102,10 +102,31 @@ def test_parallel_twin_predictions_equal_serial(setup):
     assert np.array_equal(serial.starved, parallel.starved) and serial.starved.any() and not serial.starved.all()
 
 
+MIXED = "datasets/workloads/mixed-ranks-128-adapters.csv"
+
+
 def test_cli_plan_reports_the_confirmation_and_can_skip_it():
-    wl = "datasets/workloads/mixed-ranks-128-adapters.csv"
-    res = CliRunner().invoke(main, ["plan", wl, "--json", "--jobs", "1"])
+    res = CliRunner().invoke(main, ["plan", MIXED, "--json", "--jobs", "1"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["inputs"]["confirmation"]["worst_ratio"] >= CONFIRM_RATIO
-    res = CliRunner().invoke(main, ["plan", wl, "--no-confirm"])
+    res = CliRunner().invoke(main, ["plan", MIXED, "--no-confirm"])
     assert res.exit_code == 0 and "confirmed in the twin" not in res.output
+
+
+def test_ttft_limit_packs_gpus_that_keep_up_with_a_queue_again(tmp_path):
+    r = CliRunner()
+    loose = json.loads(r.invoke(main, ["plan", MIXED, "--json"]).stdout)
+    assert loose["inputs"]["confirmation"]["worst_ttft_ms_p99"] > 10_000  # keeps up by the 90 % rule, queue grows
+    out = tmp_path / "plan.json"
+    res = r.invoke(main, ["plan", MIXED, "--max-ttft", "2", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    plan = json.loads(out.read_text())
+    assert plan["inputs"]["confirmation"]["max_ttft_s"] == 2 and len(plan["instances"]) > len(loose["instances"])
+    res = r.invoke(main, ["evaluate", str(out), MIXED, "--json"])
+    assert res.exit_code == 0, res.output
+    assert all(i["ttft_ms_p99"] <= 2000 and not i["starved"] for i in json.loads(res.stdout)["instances"])
+
+
+def test_ttft_limit_needs_the_greedy_confirmation():
+    res = CliRunner().invoke(main, ["plan", MIXED, "--max-ttft", "2", "--algorithm", "paper-greedy"])
+    assert res.exit_code == 2 and "--max-ttft" in res.output
