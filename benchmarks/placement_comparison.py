@@ -91,6 +91,17 @@ def checks(rows: list[dict]) -> dict:
     return out
 
 
+def by_algorithm(rows: list[dict]) -> dict:
+    """Per algorithm: workloads planned, plans that hold in the twin, and GPUs those plans use."""
+    out = {}
+    for alg in ALGORITHMS:
+        mine = [r for r in rows if r["algorithm"] == alg]
+        held = [r for r in mine if r.get("holds")]
+        out[alg] = {"workloads": len(mine), "planned": sum(r["planned"] for r in mine), "holds": len(held),
+                    "gpus_in_plans_that_hold": sum(r["gpus"] for r in held)}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", default="h100-64gb-llama-3.1-8b")
@@ -114,7 +125,7 @@ def main() -> None:
                   f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
     result = {"profile": args.profile, "predictor": args.predictor, "gpus": args.gpus,
               "evaluation": f"twin, {args.duration:.0f} simulated s per GPU, Poisson, seed 1",
-              "command": "python " + " ".join(sys.argv), "checks": checks(rows), "rows": rows}
+              "command": "python " + " ".join(sys.argv), "checks": checks(rows), "by_algorithm": by_algorithm(rows), "rows": rows}
     out = args.out or ROOT / "artifacts" / "benchmarks" / f"placement_comparison_{args.profile}.json"
     write_json_atomic(out, result)
     print(json.dumps(result["checks"], indent=1))

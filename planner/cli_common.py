@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 
 import click
@@ -56,3 +57,21 @@ def policy_from_cli(name: str | None, params: tuple[str, ...], recorded: dict | 
 
     overrides = parse_overrides(params)
     return policy_from_name(name, **overrides) if name is not None else policy_from_record(recorded, **overrides)
+
+
+def confirm_options(fn):
+    """``--confirm/--no-confirm``, ``--max-ttft`` and ``--jobs`` of the twin confirmation (planner.confirm)."""
+    fn = click.option("--jobs", type=click.IntRange(min=1), default=None,
+                      help="Processes simulating GPUs for --confirm [CPU cores].")(fn)
+    fn = click.option("--max-ttft", "max_ttft", type=click.FloatRange(min=0, min_open=True), default=None,
+                      metavar="SECONDS",
+                      help="greedy: also require each GPU's p99 time to first token in the twin to be at most this "
+                           "(the 90 % rule alone allows a standing queue); GPUs that miss it are packed again.")(fn)
+    return click.option("--confirm/--no-confirm", default=True, show_default=True,
+                        help="greedy with a surrogate: simulate every planned GPU in the twin (the run `planner "
+                             "evaluate` makes) and pack again, with a load margin, where one falls short.")(fn)
+
+
+def confirm_settings(confirm: bool, max_ttft: float | None, jobs: int | None) -> dict:
+    """The :class:`planner.plan.PlanOptions` fields of :func:`confirm_options`."""
+    return {"confirm": confirm, "max_ttft_s": max_ttft, "jobs": jobs or os.cpu_count() or 1}

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 
 import click
 
-from planner.cli_common import policy_from_cli, policy_options, print_json, user_errors
+from planner.cli_common import (
+    confirm_options,
+    confirm_settings,
+    policy_from_cli,
+    policy_options,
+    print_json,
+    user_errors,
+)
 
 PLAN_EPILOG = """\b
 Examples:
@@ -67,14 +73,7 @@ def _progress(k: int, n: int, name: str) -> None:
               help="greedy: split an adapter too hot for one GPU over replicas with routing weights.")
 @click.option("--balance/--no-balance", default=True, show_default=True,
               help="greedy: spread spare capacity evenly over the GPUs it uses.")
-@click.option("--confirm/--no-confirm", default=True, show_default=True,
-              help="greedy with a surrogate: simulate every planned GPU in the twin (the run `planner evaluate` "
-                   "makes) and pack the adapters of any that falls short again with a load margin.")
-@click.option("--max-ttft", "max_ttft", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
-              help="greedy: also require each GPU's p99 time to first token in the twin to be at most this "
-                   "(the 90 % rule alone allows a standing queue); GPUs that miss it are packed again.")
-@click.option("--jobs", type=click.IntRange(min=1), default=None,
-              help="Processes simulating GPUs for --confirm [CPU cores].")
+@confirm_options
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random baseline.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the placement JSON here.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "vllm"]), default="table", show_default=True,
@@ -110,8 +109,8 @@ def plan(workload, profile_id, gpus, algorithm, predictor_kind, policy, policy_p
     wl = read_workload(workload, profile)
     predictor = load_predictor_for(profile, predictor_kind, policy_from_cli(policy, policy_params))
     opts = PlanOptions(algorithm=algorithm, gpus=gpus, headroom=headroom, seed=seed, input_tokens=input_tokens,
-                       output_tokens=output_tokens, split_hot=split_hot, balance=balance, confirm=confirm,
-                       jobs=jobs or os.cpu_count() or 1, max_ttft_s=max_ttft)
+                       output_tokens=output_tokens, split_hot=split_hot, balance=balance,
+                       **confirm_settings(confirm, max_ttft, jobs))
     t0 = time.perf_counter()
     placement = make_plan(workload, wl, profile, predictor, opts, progress=lambda msg: click.echo(msg, err=True))
     placement.inputs["plan_wall_s"] = round(time.perf_counter() - t0, 6)
@@ -213,19 +212,22 @@ Example (nightly, from cron; keeps plan.json untouched when anything fails):
 @click.option("--headroom", type=click.FloatRange(min=0), default=0.0, show_default=True,
               help="Plan for rates this fraction above the workload's.")
 @click.option("--split-hot/--no-split-hot", default=True, show_default=True)
+@confirm_options
 @click.option("--json", "as_json", is_flag=True, help="Print the new placement JSON.")
 @user_errors
-def replan(workload, previous_file, out, profile_id, gpus, predictor_kind, headroom, split_hot, as_json) -> None:
+def replan(workload, previous_file, out, profile_id, gpus, predictor_kind, headroom, split_hot, confirm, max_ttft,
+           jobs, as_json) -> None:
     """Re-plan for WORKLOAD starting from the deployed placement, moving as little as possible.
 
     Adapters stay where they are while their GPU keeps up; engines restart only when --max-loras,
     --max-lora-rank or --max-cpu-loras must change. The new placement's 'changes' section lists,
     per GPU, the adapters to load and unload and whether to restart. Refuses to run while another
     re-plan writes the same --out; on any failure the files are left as they were. The GPUs keep the
-    serving policy the previous plan records.
+    serving policy the previous plan records. As with `planner plan`, a surrogate's re-plan is
+    confirmed in the twin (--confirm) and rerun with a load margin while a GPU falls short.
     """
     from planner.placement import read_placement
-    from planner.plan import PlanOptions, pack_request
+    from planner.plan import PlanOptions, confirms, pack_request
     from planner.replan import exclusive
     from planner.replan import replan as run_replan
     from planner.workload_csv import read_workload
@@ -238,9 +240,10 @@ def replan(workload, previous_file, out, profile_id, gpus, predictor_kind, headr
         profile = load_profile(profile_id or previous.inputs.get("profile_id"))
         wl = read_workload(workload, profile)
         policy = policy_from_record(previous.inputs.get("policy"))
-        req = pack_request(wl, profile, load_predictor_for(profile, predictor_kind, policy),
-                           PlanOptions(gpus=gpus, headroom=headroom))
-        placement = run_replan(previous, workload, req, split_hot=split_hot)
+        opts = PlanOptions(gpus=gpus, headroom=headroom, **confirm_settings(confirm, max_ttft, jobs))
+        req = pack_request(wl, profile, load_predictor_for(profile, predictor_kind, policy), opts)
+        placement = run_replan(previous, workload, req, split_hot=split_hot, confirm=confirms(req, opts),
+                               jobs=opts.jobs, max_ttft_s=max_ttft, progress=lambda msg: click.echo(msg, err=True))
         doc = placement.to_dict()
         write_json_atomic(out, doc)
     if as_json:

@@ -125,10 +125,7 @@ def pack_confirmed(req: PackRequest, split_hot: bool = True, balance: bool = Tru
         try:
             groups = plan_greedy(replace(req, margin=margin), split_hot, balance, entries, req.max_gpus - len(confirmed))
         except InfeasibleError as exc:
-            if rounds == 1:
-                raise
-            raise InfeasibleError(f"{exc} (the twin found {repacked} GPU(s) of the first plan short; their adapters "
-                                  f"were packed again to keep up with {1 + margin:.3g}x their load)") from None
+            raise exc if rounds == 1 else _repack_failed(exc, repacked, margin) from None
         check = twin_check(req, groups, jobs)
         good = check.meets(max_ttft_s)
         confirmed += [g for g, ok in zip(groups, good) if ok]
@@ -141,13 +138,57 @@ def pack_confirmed(req: PackRequest, split_hot: bool = True, balance: bool = Tru
         repacked += len(short)
         margin = next_margin(margin, check, max_ttft_s)
         entries = list(_total_shares(short).items())
-        if progress:
-            slow = int((check.keeps_up() & ~good).sum())
-            progress(f"twin check: {len(short)} of {len(groups)} GPUs fall short (worst serves "
-                     f"{check.ratio.min():.1%} of its load{f'; {slow} miss the TTFT limit' if slow else ''}); "
-                     f"packing their adapters again with a {margin:.1%} load margin")
-    raise InfeasibleError(f"the twin still finds GPUs short after {MAX_ROUNDS} packings "
-                          f"(load margin {margin:.1%}); plan with --predictor twin or allow a longer TTFT")
+        _report(progress, check, good, margin)
+    raise _still_short(margin)
+
+
+#: A re-plan's group: the previous instance it keeps (None: a new GPU), and its adapters.
+Labelled = tuple[str | None, GpuGroup]
+
+
+def replan_confirmed(req: PackRequest, assign: Callable[[PackRequest, set[str]], list[Labelled]], jobs: int = 1,
+                     max_ttft_s: float | None = None,
+                     progress: Progress | None = None) -> tuple[list[Labelled], Confirmation]:
+    """The nightly re-plan's variant. ``assign(req, dropped)`` re-plans keeping adapters in place on
+    every previous instance except those in ``dropped``. While the twin finds GPUs short, the previous
+    instances among them are dropped (their adapters are placed anew) and the margin grows."""
+    t0 = time.perf_counter()
+    margin = req.margin
+    dropped: set[str] = set()
+    repacked = 0
+    for rounds in range(1, MAX_ROUNDS + 1):
+        try:
+            labelled = assign(replace(req, margin=margin), dropped)
+        except InfeasibleError as exc:
+            raise exc if rounds == 1 else _repack_failed(exc, repacked, margin) from None
+        check = twin_check(req, [g for _, g in labelled], jobs)
+        good = check.meets(max_ttft_s)
+        if good.all():
+            return labelled, Confirmation(margin, rounds, repacked, check.ratio.tolist(),
+                                          check.ttft_ms_p99.tolist(), max_ttft_s, time.perf_counter() - t0)
+        repacked += int((~good).sum())
+        dropped |= {prev for (prev, _), ok in zip(labelled, good) if prev is not None and not ok}
+        margin = next_margin(margin, check, max_ttft_s)
+        _report(progress, check, good, margin)
+    raise _still_short(margin)
+
+
+def _report(progress: Progress | None, check: TwinCheck, good: np.ndarray, margin: float) -> None:
+    if progress:
+        slow = int((check.keeps_up() & ~good).sum())
+        progress(f"twin check: {int((~good).sum())} of {len(good)} GPUs fall short (worst serves "
+                 f"{check.ratio.min():.1%} of its load{f'; {slow} miss the TTFT limit' if slow else ''}); "
+                 f"packing again with a {margin:.1%} load margin")
+
+
+def _repack_failed(exc: InfeasibleError, repacked: int, margin: float) -> InfeasibleError:
+    return InfeasibleError(f"{exc} (the twin found {repacked} GPU(s) short, so adapters were packed again "
+                           f"to keep up with {1 + margin:.3g}x their load)")
+
+
+def _still_short(margin: float) -> InfeasibleError:
+    return InfeasibleError(f"the twin still finds GPUs short after {MAX_ROUNDS} packings (load margin "
+                           f"{margin:.1%}); plan with --predictor twin or allow a longer TTFT")
 
 
 def _total_shares(groups: list[GpuGroup]) -> dict[int, float]:

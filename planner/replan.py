@@ -6,6 +6,9 @@
 2. New adapters, evicted ones and traffic shares no instance serves any more go, hottest first, to
    the first existing instance that keeps up with them without a restart, else with one.
 3. What is left gets new instances from the greedy packer.
+4. With ``confirm`` (a surrogate's re-plan, as `planner replan` does by default), every GPU is run
+   in the twin; while one falls short (or misses a TTFT limit) steps 1-3 rerun with a load margin,
+   and previous instances that fell short give up all their adapters to be placed anew.
 
 The result carries a ``changes`` section: per instance the adapters to load and unload and whether
 the engine must restart (``--max-loras``, ``--max-lora-rank`` and ``--max-cpu-loras`` are start-up
@@ -19,6 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from planner.confirm import Progress, replan_confirmed
 from planner.greedy import plan_greedy
 from planner.packing import GpuGroup, PackRequest, a_max_limit, best_a_max, keeps_up
 from planner.placement import InstancePlan, Placement, adapter_rows, build_instances, engine_settings, plan_inputs
@@ -52,14 +56,52 @@ class _Slot:
         return verdict.ok
 
 
-def replan(previous: Placement, workload_path, req: PackRequest, split_hot: bool = True) -> Placement:
+def replan(previous: Placement, workload_path, req: PackRequest, split_hot: bool = True, confirm: bool = False,
+           jobs: int = 1, max_ttft_s: float | None = None, progress: Progress | None = None) -> Placement:
+    """Re-plan ``req``'s workload from ``previous``; with ``confirm``, every GPU of the result is checked
+    in the twin and the whole re-plan reruns with a load margin while one falls short
+    (:func:`planner.confirm.replan_confirmed`)."""
+    state: dict[str, list[_Slot]] = {}
+
+    def assign(r: PackRequest, dropped: set[str]) -> list[tuple[str | None, GpuGroup]]:
+        slots, new_groups = _assign(previous, r, split_hot, dropped)
+        state["slots"] = slots
+        return ([(s.prev.instance_id, GpuGroup(s.group.shares, s.group.a_max, s.max_lora_rank)) for s in slots]
+                + [(None, g) for g in new_groups])
+
+    confirmation = None
+    if confirm:
+        labelled, confirmation = replan_confirmed(req, assign, jobs, max_ttft_s, progress)
+    else:
+        labelled = assign(req, set())
+    slots = state["slots"]
+    instances = build_instances(req, [g for _, g in labelled])
+    for inst, slot in zip(instances, slots):
+        inst.instance_id = slot.prev.instance_id
+        if not slot.restarts():
+            inst.max_cpu_loras = slot.prev.max_cpu_loras
+    next_id = 1 + max((_instance_number(p.instance_id) for p in previous.instances), default=-1)
+    for k, inst in enumerate(instances[len(slots):]):
+        inst.instance_id = f"gpu-{next_id + k}"
+    inputs = plan_inputs(workload_path, req, "greedy", 0.0)
+    if confirmation is not None:
+        inputs["confirmation"] = confirmation.to_dict()
+    placement = Placement(inputs, instances, adapter_rows(req), engine_settings(req.profile))
+    placement.changes = changes(previous, placement, {s.prev.instance_id for s in slots if s.restarts()})
+    return placement
+
+
+def _assign(previous: Placement, req: PackRequest, split_hot: bool,
+            dropped: set[str]) -> tuple[list[_Slot], list[GpuGroup]]:
+    """Steps 1-3: the previous instances that stay (with what they keep and gain), and new groups.
+    Instances in ``dropped`` keep nothing: all their adapters are placed anew."""
     index = {a.adapter_id: i for i, a in enumerate(req.workload.adapters)}
     load = req.arriving_tok_s
     slots: list[_Slot] = []
     todo: dict[int, float] = {i: 1.0 for i in range(len(index))}  # traffic share still unserved
     for prev in previous.instances:
         shares = {index[a]: s for a, s in prev.adapters.items() if a in index}
-        if not shares or a_max_limit(req.kv, req.ranks[list(shares)]) < 1:
+        if prev.instance_id in dropped or not shares or a_max_limit(req.kv, req.ranks[list(shares)]) < 1:
             continue
         slot = _Slot(prev, shares)
         while shares and not slot.try_settle(req, dict(shares)):
@@ -79,19 +121,7 @@ def replan(previous: Placement, workload_path, req: PackRequest, split_hot: bool
         else:
             left.append((i, s))
     new_groups = plan_greedy(req, split_hot=split_hot, entries=left, max_gpus=req.max_gpus - len(slots)) if left else []
-    kept = [GpuGroup(s.group.shares, s.group.a_max, s.max_lora_rank) for s in slots]
-    instances = build_instances(req, kept + new_groups)
-    for inst, slot in zip(instances, slots):
-        inst.instance_id = slot.prev.instance_id
-        if not slot.restarts():
-            inst.max_cpu_loras = slot.prev.max_cpu_loras
-    next_id = 1 + max((_instance_number(p.instance_id) for p in previous.instances), default=-1)
-    for k, inst in enumerate(instances[len(slots):]):
-        inst.instance_id = f"gpu-{next_id + k}"
-    placement = Placement(plan_inputs(workload_path, req, "greedy", 0.0), instances, adapter_rows(req),
-                          engine_settings(req.profile))
-    placement.changes = changes(previous, placement, {s.prev.instance_id for s in slots if s.restarts()})
-    return placement
+    return slots, new_groups
 
 
 def _instance_number(instance_id: str) -> int:

@@ -130,3 +130,15 @@ def test_ttft_limit_packs_gpus_that_keep_up_with_a_queue_again(tmp_path):
 def test_ttft_limit_needs_the_greedy_confirmation():
     res = CliRunner().invoke(main, ["plan", MIXED, "--max-ttft", "2", "--algorithm", "paper-greedy"])
     assert res.exit_code == 2 and "--max-ttft" in res.output
+
+
+def test_replan_is_confirmed_and_meets_a_ttft_limit(tmp_path):
+    r = CliRunner()
+    plan = tmp_path / "plan.json"
+    assert r.invoke(main, ["plan", MIXED, "--out", str(plan)]).exit_code == 0
+    res = r.invoke(main, ["replan", MIXED, "--previous", str(plan), "--out", str(plan), "--max-ttft", "2"])
+    assert res.exit_code == 0, res.output
+    new = json.loads(plan.read_text())
+    assert new["inputs"]["confirmation"]["max_ttft_s"] == 2 and new["changes"]["new_instances"]
+    res = r.invoke(main, ["evaluate", str(plan), MIXED, "--json"])
+    assert all(i["ttft_ms_p99"] <= 2000 and not i["starved"] for i in json.loads(res.stdout)["instances"])
