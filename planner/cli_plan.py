@@ -303,6 +303,10 @@ def verify(placement_file, engine, duration, warmup, model, adapter_dir, synthes
     from twin import BadInputError, InfeasibleError, load_profile
 
     placement = read_placement(placement_file)
+    if "policy" in placement.inputs:
+        raise BadInputError(f"{placement_file} was planned for servers running {placement.inputs['policy']['name']}, "
+                            "which real vLLM does not implement; check it in the twin with `planner evaluate`, or "
+                            "plan for stock vLLM (--policy vllm) to verify on real engines")
     profile = load_profile(profile_id or placement.inputs.get("profile_id"))
     work = Path(work_dir)
     per_token = None

@@ -83,6 +83,9 @@ def render_vllm(p: Placement, model: str, port_base: int = 8000, adapter_dir: st
     header = (f"# {len(p.instances)} vLLM server(s) for {p.inputs['workload']['path']} "
               f"(profile {p.inputs['profile_id']}); adapters without a path are looked up in {adapter_dir}/")
     lines = [header]
+    if "policy" in p.inputs:
+        lines.append(f"# NOTE: planned for servers running {policy_label(p.inputs['policy'])}; stock vLLM does not "
+                     "implement it, so these servers run vLLM's own scheduler and the plan's predictions do not apply")
     for k, inst in enumerate(p.instances):
         argv = vllm_argv(p, inst, model, port_base + k, adapter_dir)
         lines.append(f"# {inst.instance_id}: {len(inst.adapters)} adapters, {_status(inst)}")
