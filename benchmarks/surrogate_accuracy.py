@@ -2,11 +2,12 @@
 
     python benchmarks/surrogate_accuracy.py [--real-runs PATH]
 
-Collects what ``planner train`` measured (held-out scenarios, real runs, per model) from each
-artifact's ``surrogate.json`` and re-scores the shipped predictors (``surrogate``, ``small-tree``)
-end to end from GpuScenarios against the real Qwen runs, with a trivial predictor
-``min(0.98 × arriving, saturation)`` for context. SMAPE is the standard one (factor 2); the
-study's figures are converted (doubled). Writes artifacts/benchmarks/surrogate_accuracy.json.
+Collects what ``planner train`` measured (held-out scenarios, real runs, per model; ``rf`` is the
+shipped forest, whose scikit-learn class each row names) from each artifact's ``surrogate.json``
+and re-scores the shipped predictors (``surrogate``, ``small-tree``) end to end from GpuScenarios
+against the real Qwen runs, with a trivial predictor ``min(0.98 × arriving, saturation)`` for
+context. SMAPE is the standard one (factor 2); the study's figures are converted (doubled).
+Writes artifacts/benchmarks/surrogate_accuracy.json.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def main(argv=None) -> None:
                 row[f"{target}_held_out"] = m["held_out"]
                 if "real" in m:
                     row[f"{target}_real"] = m["real"]["score"]
-                for k in ("rules", "sklearn_us_per_row", "best_params"):
+                for k in ("estimator", "rules", "sklearn_us_per_row", "best_params"):
                     if k in m:
                         row[f"{target}_{k}"] = m[k]
         if pid == QWEN and args.real_runs.is_file():

@@ -150,20 +150,31 @@ def load_artifact(profile: Profile, directory: str | Path | None = None,
 
 
 class SurrogatePredictor:
-    """Predictions from compiled trees: ``kind`` "surrogate" (the forests) or "small-tree"."""
+    """Predictions from compiled trees: ``kind`` "surrogate" (the forests) or "small-tree".
+
+    ``threads`` > 1 (None: numba's thread count, the cores unless NUMBA_NUM_THREADS says otherwise)
+    evaluates batches of at least ``2 × models.trees.PARALLEL_BLOCK_ROWS`` rows in parallel; the
+    answers do not depend on it. The default is the calling thread only: the packer's batches are
+    small, and on a machine whose cores are busy (parallel planner jobs) waiting for a descheduled
+    thread makes a parallel batch slower than a serial one.
+    """
 
     def __init__(self, profile: Profile, kind: str = "surrogate", directory: str | Path | None = None,
-                 policy: PolicySpec | None = None):
+                 policy: PolicySpec | None = None, threads: int | None = 1):
         if kind not in KINDS:
             raise BadInputError(f"unknown surrogate kind '{kind}' ({', '.join(KINDS)})")
+        if threads is not None and threads < 1:
+            raise BadInputError(f"threads must be >= 1 (got {threads})")
         self.profile = profile
         self.kind = kind
         self.policy = policy
+        self.threads = threads
         self._capacity = kv_capacity(profile, policy)
         art = load_artifact(profile, directory, policy)
         self.metadata = art.metadata
         self.throughput_forest = art.forests[f"{KINDS[kind]}_throughput"]
         self.starved_forest = art.forests[f"{KINDS[kind]}_starved"]
+        self._packed = (self.throughput_forest.packed, self.starved_forest.packed)  # build the layout now
         self._kv: dict[tuple[int, int], int | None] = {}
         self._terms = engine_terms(profile)
         self._x = np.empty(N_FEATURES)
@@ -195,8 +206,9 @@ class SurrogatePredictor:
 
     def predict_features(self, X: np.ndarray) -> Predictions:
         """Predictions for a feature matrix (rows of ``FEATURES``)."""
-        ratio = self.throughput_forest.predict_raw(X)[:, 0]
-        proba = self.starved_forest.predict_raw(X)
+        threads = self.threads if self.threads is not None else numba.get_num_threads()
+        ratio = self.throughput_forest.predict_raw(X, threads)[:, 0]
+        proba = self.starved_forest.predict_raw(X, threads)
         base = np.minimum(X[:, ARRIVING], X[:, SATURATION])
         return Predictions(ratio * base, proba[:, 1] > proba[:, 0], X[:, ARRIVING].copy())
 
@@ -214,25 +226,26 @@ class SurrogatePredictor:
             return self.predict_features(self.features(scenarios))
         # Few scenarios (the packer's case): one compiled call per scenario, no batch arrays.
         thr, starved, arriving = np.empty(n), np.empty(n, bool), np.empty(n)
-        t, s = self.throughput_forest, self.starved_forest
+        t, s = self._packed
         for i, sc in enumerate(scenarios):
             rank = self._rank(sc)
             thr[i], starved[i], arriving[i] = _predict_one(
                 self._terms, sc.ranks, sc.rates_rps, sc.input_tokens, sc.output_tokens, int(sc.a_max), int(rank),
                 float(self._kv_tokens(int(sc.a_max), rank)),
-                t.feature, t.threshold, t.left, t.right, t.leaf_value, t.roots,
-                s.feature, s.threshold, s.left, s.right, s.leaf_value, s.roots, self._x, self._x32, self._out)
+                t.nodes, t.thresholds, t.leaf_row, t.leaf_value, t.roots,
+                s.nodes, s.thresholds, s.leaf_row, s.leaf_value, s.roots, self._x, self._x32, self._out)
         return Predictions(thr, starved, arriving)
 
 
 @numba.njit(cache=True)
 def _predict_one(terms, ranks, rates, input_tokens, output_tokens, a_max, rank, kv_tokens,
-                 tf, tt, tl, tr, tv, troots, sf, st, sl, sr, sv, sroots, x, x32, out):
-    """(throughput, starved, arriving) of one scenario: features, then both forests."""
+                 t_nodes, t_thresholds, t_leaf_row, t_leaf_value, t_roots,
+                 s_nodes, s_thresholds, s_leaf_row, s_leaf_value, s_roots, x, x32, out):
+    """(throughput, starved, arriving) of one scenario: features, then both forests (packed layout)."""
     fill_features(terms, ranks, rates, input_tokens, output_tokens, a_max, rank, kv_tokens, x)
     for k in range(x.shape[0]):
         x32[k] = x[k]
-    forest_row(tf, tt, tl, tr, tv, troots, x32, out)
+    forest_row(t_nodes, t_thresholds, t_leaf_row, t_leaf_value, t_roots, x32, out)
     thr = out[0] * throughput_base(x)
-    forest_row(sf, st, sl, sr, sv, sroots, x32, out)
+    forest_row(s_nodes, s_thresholds, s_leaf_row, s_leaf_value, s_roots, x32, out)
     return thr, out[1] > out[0], x[ARRIVING]

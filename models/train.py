@@ -8,13 +8,22 @@ Targets:
   tok/s; its SMAPE equals the SMAPE of the throughput it implies, SMAPE being scale invariant.
 * **starved** — classified directly (macro-F1).
 
-Models: random forest, SVM and KNN, each tuned with ``HalvingGridSearchCV`` (5-fold, seeded) over
-either the paper's Appendix B spaces (``search="paper"``; sklearn no longer has
-``max_features="auto"``, its meaning 1.0 is used) or a reduced, faster space (``search="reduced"``).
-SVM and KNN see standardised features (the study fed them raw features). The forest that ships is
-size-bounded (``max_leaf_nodes``) so the artifact stays small and single-row prediction fast.
-The small trees come from an Optuna search over single decision trees of at most ``MAX_RULES``
-leaves, minimising CV error plus a complexity penalty.
+Models: the forest that ships (``rf``), SVM and KNN, each tuned with ``HalvingGridSearchCV``
+(5-fold, seeded) over either a reduced, faster space (``search="reduced"``, the default) or the
+paper's Appendix B spaces (``search="paper"``; sklearn no longer has ``max_features="auto"``, its
+meaning 1.0 is used). SVM and KNN see standardised features (the study fed them raw features).
+
+The shipped forest of the reduced search is sized for speed (issue 4: a full-model row in ≤ 5 µs,
+10,000 rows in ≤ 5 ms): :data:`SHIPPED_FOREST` — 16 extremely randomized trees (sklearn's
+``ExtraTreesRegressor``: random split thresholds, no bootstrap) for throughput and a random forest
+of 8 trees for starvation, leaves unbounded unless ``max_leaf_nodes`` says otherwise
+(``benchmarks/forest_size.py`` measures the alternatives). Their small grid is searched exhaustively
+(GridSearchCV): successive halving dropped the squared-error criterion after scoring it on a third
+of the rows, while 5-fold CV on all training rows prefers it for unbounded trees. ``search="paper"`` tunes the study's
+random forests (32–256 trees), which are larger and slower. A ``max_leaf_nodes`` at least the
+training-set size cannot bind and means unbounded (trees grown depth-first, as sklearn does without
+a bound). The small trees come from an Optuna search over single decision trees of at most
+``MAX_RULES`` leaves, minimising CV error plus a complexity penalty.
 """
 
 from __future__ import annotations
@@ -37,6 +46,8 @@ from twin.policies.spec import PolicySpec, policy_record
 
 MAX_RULES = 32
 SEED = 0
+#: The shipped forests of the reduced search: (scikit-learn estimator, trees) per task.
+SHIPPED_FOREST = {"regression": ("ExtraTreesRegressor", 16), "classification": ("RandomForestClassifier", 8)}
 
 
 def _sk():
@@ -46,16 +57,20 @@ def _sk():
         raise BadInputError("training needs scikit-learn and optuna: pip install 'lora-planner[train]'") from None
 
 
-def search_spaces(search: str, task: str, max_leaf_nodes: int) -> dict[str, tuple[Any, dict[str, list]]]:
-    """{model name: (estimator, param grid)} for ``task`` in {"regression", "classification"}."""
-    from sklearn.ensemble import RandomForestClassifier, RandomForestRegressor
+def search_spaces(search: str, task: str, max_leaf_nodes: int | None) -> dict[str, tuple[Any, dict[str, list]]]:
+    """{model name: (estimator, param grid)} for ``task`` in {"regression", "classification"}; ``rf`` is
+    the forest that ships (:data:`SHIPPED_FOREST` for the reduced search), ``max_leaf_nodes`` its
+    leaf bound (None: unbounded)."""
+    from sklearn import ensemble
     from sklearn.neighbors import KNeighborsClassifier, KNeighborsRegressor
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
     from sklearn.svm import SVC, SVR
 
     reg = task == "regression"
-    rf = (RandomForestRegressor if reg else RandomForestClassifier)(random_state=SEED, n_jobs=1)
+    family = SHIPPED_FOREST[task][0] if search == "reduced" else ("RandomForestRegressor" if reg
+                                                                   else "RandomForestClassifier")
+    rf = getattr(ensemble, family)(random_state=SEED, n_jobs=1)
     svm = make_pipeline(StandardScaler(), SVR() if reg else SVC())
     knn = make_pipeline(StandardScaler(), (KNeighborsRegressor if reg else KNeighborsClassifier)(
         leaf_size=8, algorithm="kd_tree"))
@@ -71,7 +86,8 @@ def search_spaces(search: str, task: str, max_leaf_nodes: int) -> dict[str, tupl
             svm_grid["epsilon"] = [0.1, 0.5, 1, 5]
         knn_grid = {"n_neighbors": [1], "weights": ["uniform"], "p": [1, 2]}
     elif search == "reduced":
-        rf_grid = {"n_estimators": [64], "min_samples_leaf": [1, 2, 5], "max_features": [1.0, 0.5, "sqrt"],
+        rf_grid = {"n_estimators": [SHIPPED_FOREST[task][1]], "min_samples_leaf": [1, 2, 5],
+                   "max_features": [1.0, 0.5, "sqrt"],
                    "criterion": ["squared_error", "poisson"] if reg else ["gini", "log_loss"]}
         svm_grid = {"C": [1, 10, 100, 1000], "kernel": ["rbf"], "gamma": ["scale", 0.1, 1]}
         if reg:
@@ -118,20 +134,26 @@ def score(task: str, pred: np.ndarray, real: np.ndarray) -> float:
     return smape(pred, real) if task == "regression" else macro_f1(pred, real)
 
 
-def tune(task: str, name: str, estimator, grid: dict, X: np.ndarray, y: np.ndarray, jobs: int) -> dict[str, Any]:
-    """HalvingGridSearchCV (5-fold) of one model; returns the refitted best estimator and its CV score."""
+def tune(task: str, name: str, estimator, grid: dict, X: np.ndarray, y: np.ndarray, jobs: int,
+         exhaustive: bool = False) -> dict[str, Any]:
+    """HalvingGridSearchCV (5-fold) of one model, or with ``exhaustive`` GridSearchCV (every candidate
+    on all rows); returns the refitted best estimator and its CV score."""
     from sklearn.experimental import enable_halving_search_cv  # noqa: F401
-    from sklearn.model_selection import HalvingGridSearchCV, KFold, StratifiedKFold
+    from sklearn.model_selection import GridSearchCV, HalvingGridSearchCV, KFold, StratifiedKFold
 
     cv = (KFold if task == "regression" else StratifiedKFold)(5, shuffle=True, random_state=SEED)
-    search = HalvingGridSearchCV(estimator, grid, cv=cv, scoring=_scorer(task), n_jobs=jobs, random_state=SEED,
-                                 error_score=np.nan)
+    if exhaustive:
+        search = GridSearchCV(estimator, grid, cv=cv, scoring=_scorer(task), n_jobs=jobs, error_score=np.nan)
+    else:
+        search = HalvingGridSearchCV(estimator, grid, cv=cv, scoring=_scorer(task), n_jobs=jobs, random_state=SEED,
+                                     error_score=np.nan)
     t0 = time.perf_counter()
     search.fit(X, y)
     best = search.best_estimator_
     return {"model": name, "estimator": best, "best_params": {k: _jsonable(v) for k, v in search.best_params_.items()},
             "cv_score": float(-search.best_score_ if task == "regression" else search.best_score_),
-            "candidates": len(search.cv_results_["params"]), "search_s": time.perf_counter() - t0}
+            "candidates": len(search.cv_results_["params"]), "search": type(search).__name__,
+            "search_s": time.perf_counter() - t0}
 
 
 def _jsonable(v):
@@ -212,13 +234,14 @@ def _assert_identical(name: str, compiled: np.ndarray, reference: np.ndarray) ->
 
 def train_surrogates(dataset_paths, profile, out_dir, *, search: str = "reduced", models=("rf", "svm", "knn"),
                      jobs: int = 1, trials: int = 60, penalty: float = 1.0, test_fraction: float = 0.2,
-                     max_leaf_nodes: int = 2048, real_runs=None, command: str = "", log=print,
+                     max_leaf_nodes: int | None = None, real_runs=None, command: str = "", log=print,
                      policy: PolicySpec | None = None) -> dict[str, Any]:
     """Train, evaluate, distil, compile and write the surrogate artifact of ``profile`` under serving
     ``policy`` (None: stock vLLM; the datasets must be built for the same); return its metadata.
 
     Every model is scored on held-out scenarios (and on ``real_runs``, a :class:`models.realruns.RealRuns`,
-    when given); the shipped forests are the tuned random forests, checked bit-identical after compiling.
+    when given); the shipped forests are the tuned ``rf`` forests (leaves at most ``max_leaf_nodes``,
+    None or a bound of at least the training rows: unbounded), checked bit-identical after compiling.
     """
     _sk()
     if policy is not None and real_runs is not None:
@@ -237,6 +260,8 @@ def train_surrogates(dataset_paths, profile, out_dir, *, search: str = "reduced"
         raise BadInputError(f"dataset has {X.shape[0]} usable rows ({int(y_starved.sum())} starved); "
                             "training needs >= 50 rows with both starved and healthy scenarios")
     log(f"{X.shape[0]} scenarios ({int(y_starved.sum())} starved), {N_FEATURES} features; held out {test_fraction:.0%}")
+    if max_leaf_nodes is not None and max_leaf_nodes >= X.shape[0]:
+        max_leaf_nodes = None  # no tree has more leaves than training rows: the bound cannot bind
     real_X = None
     if real_runs is not None:
         real_X = np.empty((len(real_runs.scenarios), N_FEATURES))
@@ -256,9 +281,11 @@ def train_surrogates(dataset_paths, profile, out_dir, *, search: str = "reduced"
         spaces = search_spaces(search, task, max_leaf_nodes)
         for name in models:
             est, grid = spaces[name]
-            r = tune(task, name, est, grid, sp.X_train, sp.y_train, jobs)
+            r = tune(task, name, est, grid, sp.X_train, sp.y_train, jobs,
+                     exhaustive=name == "rf" and search == "reduced")
             pred, us = predict_timed(r["estimator"], sp.X_test)
             entry = {k: v for k, v in r.items() if k != "estimator"}
+            entry["estimator"] = type(r["estimator"]).__name__
             entry["sklearn_us_per_row"] = us
             entry.update(_evaluate(task, pred, sp, real_X, real_runs, r["estimator"]))
             results[target][name] = entry
@@ -296,7 +323,8 @@ def train_surrogates(dataset_paths, profile, out_dir, *, search: str = "reduced"
                     "files": [{k: f.get(k) for k in ("rows", "grid_scenarios", "complete", "grid")}
                               for f in ds.metadata["files"]]},
         "training": {"search": search, "models": list(models), "cv_folds": 5, "seed": SEED,
-                     "test_fraction": test_fraction, "max_leaf_nodes": max_leaf_nodes, "optuna_trials": trials,
+                     "test_fraction": test_fraction, "max_leaf_nodes": max_leaf_nodes,
+                     "shipped_forests": {t: type(est).__name__ for t, est in best_rf.items()}, "optuna_trials": trials,
                      "complexity_penalty": penalty, "max_rules": MAX_RULES},
         "results": results,
         "compiled": {name: {"trees": f.n_trees, "nodes": f.n_nodes, "rules": count_rules(f), "bytes": f.nbytes,

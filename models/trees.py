@@ -1,29 +1,46 @@
 """Fitted scikit-learn trees and forests as flat numpy arrays, evaluated by ``@numba.njit`` loops.
 
 Loading and evaluating a :class:`FlatForest` needs numpy and numba only. The evaluation repeats
-scikit-learn's arithmetic step for step, so predictions are bit-identical to ``predict`` /
-``predict_proba`` (checked by tests/test_models_trees.py):
+scikit-learn's decisions and arithmetic exactly, so predictions are bit-identical to ``predict`` /
+``predict_proba`` (checked by tests/test_models_trees.py and by ``planner train`` on held-out rows):
 
-* features are cast to float32 first (sklearn's tree input dtype) and compared ``x <= threshold``
-  with the float64 threshold;
+* features are cast to float32 first (sklearn's tree input dtype) and go left when ``x <= threshold``
+  (float64 in sklearn). The evaluator compares with the threshold rounded *down* to float32, which
+  decides every float32 ``x`` the same way (x <= t  ⇔  x <= the largest float32 ≤ t); NaN goes right;
 * a forest sums its trees' leaf values in tree order from zero and divides by the tree count
   (sklearn's ``_accumulate_prediction`` with ``n_jobs=1``);
 * a classifier's leaf holds ``tree_.value`` (class fractions since sklearn 1.4, returned as is by
   ``predict_proba``) and the predicted class is the first argmax.
 
-Layout: one node array for every tree, ``roots`` gives each tree's first node. Internal nodes
-have ``feature >= 0`` and absolute ``left``/``right`` children; a leaf has ``feature == -1`` and
-``left`` indexes its row of ``leaf_value`` (so internal nodes store no values).
+Stored layout (the artifact, :meth:`FlatForest.arrays`): one node array for every tree, ``roots``
+gives each tree's first node. Internal nodes have ``feature >= 0`` and absolute ``left``/``right``
+children; a leaf has ``feature == -1`` and ``left`` indexes its row of ``leaf_value``.
+
+Evaluation layout (:class:`PackedForest`, built once per loaded forest): 8 bytes per node in one
+int32 pair — ``child << 8 | leaf flag << 7 | feature`` and the float32 threshold's bits — each tree
+in breadth-first order with the two children of a node side by side, so the next node is
+``child + (x > threshold)`` without a branch and the top levels every row visits share cache lines.
+A leaf's threshold is NaN and its child itself minus one, so a walker that reached a leaf stays
+there; that lets several walkers advance in lockstep: eight trees for one row
+(:func:`forest_row`), eight rows per tree for a batch (tree by tree over the rows, so one tree's
+nodes stay in cache), and with ``threads`` > 1 row blocks in parallel (numba ``prange``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numba
 import numpy as np
+from numba import uint64
 
 from twin.errors import BadInputError
+
+LEAF_FLAG = 128  #: bit 7 of a packed node word; bits 0-6 hold the feature (at most 128 features)
+MAX_PACKED_NODES = 1 << 23  #: child index in bits 8-31 of a signed int32
+#: Rows per parallel block; batches below 2 blocks run on the calling thread.
+PARALLEL_BLOCK_ROWS = 2048
 
 
 @dataclass(frozen=True)
@@ -79,50 +96,194 @@ class FlatForest:
         if not ok:
             raise BadInputError("surrogate tree arrays are inconsistent (corrupt artifact?)")
 
-    def predict_raw(self, X: np.ndarray) -> np.ndarray:
-        """Mean leaf values, (rows, outputs) float64 — sklearn's ``predict`` / ``predict_proba``."""
-        X32 = np.ascontiguousarray(X, dtype=np.float32)
-        if X32.ndim != 2:
-            raise BadInputError("features must be a 2-D array (rows, features)")
-        out = np.empty((X32.shape[0], self.leaf_value.shape[1]))
-        _forest_batch(self.feature, self.threshold, self.left, self.right, self.leaf_value, self.roots, X32, out)
-        return out
+    @cached_property
+    def packed(self) -> PackedForest:
+        """The evaluation layout (built on first use)."""
+        return PackedForest.build(self)
 
-    def predict(self, X: np.ndarray) -> np.ndarray:
+    def predict_raw(self, X: np.ndarray, threads: int = 1) -> np.ndarray:
+        """Mean leaf values, (rows, outputs) float64 — sklearn's ``predict`` / ``predict_proba``.
+
+        ``threads`` > 1 evaluates blocks of rows in parallel on up to that many numba threads (results
+        are identical; batches under two blocks stay on the calling thread).
+        """
+        return self.packed.predict_raw(X, threads)
+
+    def predict(self, X: np.ndarray, threads: int = 1) -> np.ndarray:
         """Regression values, or for a classifier the index of the predicted class."""
-        raw = self.predict_raw(X)
+        raw = self.predict_raw(X, threads)
         return np.argmax(raw, axis=1) if self.classifier else raw[:, 0]
 
 
-@numba.njit(cache=True, inline="always")
-def _leaf(feature, threshold, left, right, node, x):
-    while feature[node] >= 0:
-        if x[feature[node]] <= threshold[node]:
-            node = left[node]
+def _threshold_down_f32(threshold: np.ndarray) -> np.ndarray:
+    """The largest float32 ≤ each float64 threshold (so float32 ``x <= t32`` ⇔ ``x <= t``)."""
+    t32 = threshold.astype(np.float32)
+    above = t32.astype(np.float64) > threshold
+    t32[above] = np.nextafter(t32[above], np.float32(-np.inf))
+    return t32
+
+
+@dataclass(frozen=True)
+class PackedForest:
+    """A :class:`FlatForest` in the evaluation layout (see the module docstring)."""
+
+    nodes: np.ndarray  # int32 (nodes, 2): child << 8 | leaf flag | feature, then the threshold's bits
+    thresholds: np.ndarray  # float32 (nodes, 2) view of ``nodes``; column 1 is the threshold
+    leaf_row: np.ndarray  # int32 per node: the leaf's row in leaf_value, -1 for an internal node
+    leaf_value: np.ndarray
+    roots: np.ndarray  # int32, one per tree
+    n_features: int  # the largest feature index + 1
+
+    @classmethod
+    def build(cls, forest: FlatForest) -> PackedForest:
+        n = forest.n_nodes
+        if n >= MAX_PACKED_NODES or forest.feature.max(initial=-1) >= LEAF_FLAG:
+            raise BadInputError(f"a forest of {n} nodes and {int(forest.feature.max()) + 1} features is too large "
+                                f"to evaluate (at most {MAX_PACKED_NODES - 1} nodes, {LEAF_FLAG} features)")
+        nodes = np.empty((n, 2), np.int32)
+        thresholds = nodes.view(np.float32)
+        leaf_row = np.empty(n, np.int32)
+        roots = np.empty_like(forest.roots)
+        _pack(forest.feature, _threshold_down_f32(forest.threshold), forest.left, forest.right, forest.roots,
+              nodes, thresholds, leaf_row, roots)
+        return cls(nodes, thresholds, leaf_row, forest.leaf_value, roots, int(forest.feature.max(initial=-1)) + 1)
+
+    def predict_raw(self, X: np.ndarray, threads: int = 1) -> np.ndarray:
+        X32 = np.ascontiguousarray(X, dtype=np.float32)
+        if X32.ndim != 2 or X32.shape[1] < self.n_features:
+            raise BadInputError(f"features must be a 2-D array (rows, >= {self.n_features} features)")
+        out = np.empty((X32.shape[0], self.leaf_value.shape[1]))
+        blocks = -(-X32.shape[0] // PARALLEL_BLOCK_ROWS)
+        if threads > 1 and blocks > 1:
+            _forest_batch_parallel(self.nodes, self.thresholds, self.leaf_row, self.leaf_value, self.roots, X32, out,
+                                   -(-X32.shape[0] // min(threads, blocks)))
         else:
-            node = right[node]
-    return left[node]
+            _forest_rows(self.nodes, self.thresholds, self.leaf_row, self.leaf_value, self.roots, X32, out)
+        return out
+
+    def row(self, x32: np.ndarray, out: np.ndarray) -> None:
+        """``out`` = mean leaf values of one float32 feature row of at least ``n_features`` values (one
+        compiled call, unchecked: the hot path)."""
+        forest_row(self.nodes, self.thresholds, self.leaf_row, self.leaf_value, self.roots, x32, out)
 
 
 @numba.njit(cache=True)
-def forest_row(feature, threshold, left, right, leaf_value, roots, x, out):
-    """``out[k]`` = mean over trees of output ``k`` for one float32 row ``x``."""
+def _pack(feature, threshold32, left, right, roots, nodes, thresholds, leaf_row, new_roots):
+    """Lay each tree out breadth-first with siblings adjacent (the queue position is the new index)."""
+    order = np.empty(feature.shape[0], np.int32)  # old node id at each new position
+    pos = 0
+    for t in range(roots.shape[0]):
+        new_roots[t] = pos
+        order[pos] = roots[t]
+        pos += 1
+        q = new_roots[t]
+        while q < pos:
+            old = order[q]
+            if feature[old] < 0:  # leaf: NaN threshold never goes left, child + 1 is the leaf itself
+                nodes[q, 0] = ((q - 1) << 8) | LEAF_FLAG
+                thresholds[q, 1] = np.nan
+                leaf_row[q] = left[old]
+            else:
+                nodes[q, 0] = (pos << 8) | feature[old]
+                thresholds[q, 1] = threshold32[old]
+                leaf_row[q] = -1
+                order[pos] = left[old]
+                order[pos + 1] = right[old]
+                pos += 2
+            q += 1
+
+
+@numba.njit(cache=True, inline="always")
+def _next(thresholds, x, n, p):
+    """The child of node ``n`` (packed word ``p``) for row ``x``: left if x <= threshold, else right."""
+    return (p >> 8) + 1 - np.int32(x[uint64(p & (LEAF_FLAG - 1))] <= thresholds[uint64(n), 1])
+
+
+@numba.njit(cache=True, inline="always")
+def _leaf_of(nodes, thresholds, x, n):
+    """Walk one tree from node ``n`` to its leaf."""
+    p = nodes[uint64(n), 0]
+    while (p & LEAF_FLAG) == 0:
+        n = _next(thresholds, x, n, p)
+        p = nodes[uint64(n), 0]
+    return n
+
+
+@numba.njit(cache=True)
+def forest_row(nodes, thresholds, leaf_row, leaf_value, roots, x, out):
+    """``out[k]`` = mean over trees of output ``k`` for one float32 row ``x``; eight trees walk in lockstep."""
     n_out = leaf_value.shape[1]
+    n_trees = roots.shape[0]
     for k in range(n_out):
         out[k] = 0.0
-    for t in range(roots.shape[0]):
-        leaf = _leaf(feature, threshold, left, right, roots[t], x)
+    t = 0
+    while t + 8 <= n_trees:
+        a, b, c, d = np.int64(roots[t]), np.int64(roots[t + 1]), np.int64(roots[t + 2]), np.int64(roots[t + 3])
+        e, f, g, h = np.int64(roots[t + 4]), np.int64(roots[t + 5]), np.int64(roots[t + 6]), np.int64(roots[t + 7])
+        while True:
+            pa, pb, pc, pd = nodes[uint64(a), 0], nodes[uint64(b), 0], nodes[uint64(c), 0], nodes[uint64(d), 0]
+            pe, pf, pg, ph = nodes[uint64(e), 0], nodes[uint64(f), 0], nodes[uint64(g), 0], nodes[uint64(h), 0]
+            if pa & pb & pc & pd & pe & pf & pg & ph & LEAF_FLAG:
+                break
+            a, b, c, d = (_next(thresholds, x, a, pa), _next(thresholds, x, b, pb), _next(thresholds, x, c, pc),
+                          _next(thresholds, x, d, pd))
+            e, f, g, h = (_next(thresholds, x, e, pe), _next(thresholds, x, f, pf), _next(thresholds, x, g, pg),
+                          _next(thresholds, x, h, ph))
+        for n in (a, b, c, d, e, f, g, h):
+            for k in range(n_out):
+                out[k] += leaf_value[leaf_row[n], k]
+        t += 8
+    while t < n_trees:
+        n = _leaf_of(nodes, thresholds, x, roots[t])
         for k in range(n_out):
-            out[k] += leaf_value[leaf, k]
-    n = float(roots.shape[0])
+            out[k] += leaf_value[leaf_row[n], k]
+        t += 1
     for k in range(n_out):
-        out[k] /= n
+        out[k] /= float(n_trees)
 
 
 @numba.njit(cache=True)
-def _forest_batch(feature, threshold, left, right, leaf_value, roots, X, out):
-    for i in range(X.shape[0]):
-        forest_row(feature, threshold, left, right, leaf_value, roots, X[i], out[i])
+def _forest_rows(nodes, thresholds, leaf_row, leaf_value, roots, X, out):
+    """Rows of ``X`` into ``out``: tree by tree (one tree's nodes stay in cache), eight rows in lockstep."""
+    n_out = leaf_value.shape[1]
+    n_rows = X.shape[0]
+    out[:, :] = 0.0
+    for t in range(roots.shape[0]):
+        r = np.int64(roots[t])
+        i = 0
+        while i + 8 <= n_rows:
+            xa, xb, xc, xd, xe, xf, xg, xh = X[i], X[i + 1], X[i + 2], X[i + 3], X[i + 4], X[i + 5], X[i + 6], X[i + 7]
+            a = b = c = d = e = f = g = h = r
+            while True:
+                pa, pb, pc, pd = nodes[uint64(a), 0], nodes[uint64(b), 0], nodes[uint64(c), 0], nodes[uint64(d), 0]
+                pe, pf, pg, ph = nodes[uint64(e), 0], nodes[uint64(f), 0], nodes[uint64(g), 0], nodes[uint64(h), 0]
+                if pa & pb & pc & pd & pe & pf & pg & ph & LEAF_FLAG:
+                    break
+                a, b, c, d = (_next(thresholds, xa, a, pa), _next(thresholds, xb, b, pb),
+                              _next(thresholds, xc, c, pc), _next(thresholds, xd, d, pd))
+                e, f, g, h = (_next(thresholds, xe, e, pe), _next(thresholds, xf, f, pf),
+                              _next(thresholds, xg, g, pg), _next(thresholds, xh, h, ph))
+            for j, n in enumerate((a, b, c, d, e, f, g, h)):
+                for k in range(n_out):
+                    out[i + j, k] += leaf_value[leaf_row[n], k]
+            i += 8
+        while i < n_rows:
+            n = _leaf_of(nodes, thresholds, X[i], r)
+            for k in range(n_out):
+                out[i, k] += leaf_value[leaf_row[n], k]
+            i += 1
+    n_trees = float(roots.shape[0])
+    for i in range(n_rows):
+        for k in range(n_out):
+            out[i, k] /= n_trees
+
+
+@numba.njit(cache=True, parallel=True)
+def _forest_batch_parallel(nodes, thresholds, leaf_row, leaf_value, roots, X, out, block):
+    for b in numba.prange(-(-X.shape[0] // block)):
+        s = b * block
+        e = min(X.shape[0], s + block)
+        _forest_rows(nodes, thresholds, leaf_row, leaf_value, roots, X[s:e], out[s:e])
 
 
 def compile_sklearn(model) -> FlatForest:

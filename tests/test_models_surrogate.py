@@ -14,9 +14,10 @@ from models.dataset import GridSpec, build_dataset
 from models.features import FEATURES, engine_terms, feature_row, saturation_tok_s
 from models.predictor import GpuScenario, default_predictor_kind, load_predictor
 from models.surrogate import METADATA_FILE, SurrogatePredictor, load_artifact
-from models.train import train_surrogates
+from models.train import SHIPPED_FOREST, train_surrogates
+from models.trees import PARALLEL_BLOCK_ROWS
 from twin import load_profile
-from twin.errors import InfeasibleError, ProfileError
+from twin.errors import BadInputError, InfeasibleError, ProfileError
 
 LLAMA = "h100-64gb-llama-3.1-8b"
 GRID = {"name": "unit", "served": [4, 8, 16], "a_max": [4, 8, 16], "rates": [3.2, 1.6, 0.8, 0.4, 0.1, 0.05, 0.025],
@@ -47,6 +48,21 @@ def test_metadata_reports_every_model_and_the_compiled_forests(artifact):
     assert meta["compiled"]["small_starved"]["trees"] == 1
     assert all(c["bit_identical_to_sklearn_on_held_out"] for c in meta["compiled"].values())
     assert meta["results"]["throughput"]["rf"]["held_out"] < 60  # SMAPE %, a sanity bound on 160 rows
+    # The reduced search ships the speed-sized forests, here with the test's leaf bound.
+    assert meta["training"]["shipped_forests"] == {"throughput": "ExtraTreesRegressor",
+                                                   "starved": "RandomForestClassifier"}
+    assert meta["training"]["max_leaf_nodes"] == 32
+    for target, task in (("throughput", "regression"), ("starved", "classification")):
+        compiled = meta["compiled"][f"full_{target}"]
+        assert compiled["trees"] == SHIPPED_FOREST[task][1] and compiled["rules"] <= 32 * compiled["trees"]
+
+
+def test_a_leaf_bound_that_cannot_bind_means_unbounded(artifact, tmp_path):
+    root, _, _ = artifact
+    meta = train_surrogates([root / "d.parquet"], load_profile(LLAMA), tmp_path, models=("rf",), trials=2,
+                            max_leaf_nodes=10**6, log=lambda _m: None)
+    assert meta["training"]["max_leaf_nodes"] is None
+    assert meta["results"]["throughput"]["rf"]["best_params"]["max_leaf_nodes"] is None
 
 
 def test_predictors_agree_between_single_and_batch_paths(artifact, monkeypatch):
@@ -67,6 +83,19 @@ def test_predictors_agree_between_single_and_batch_paths(artifact, monkeypatch):
     assert default_predictor_kind(prof) == "surrogate"
     assert load_predictor(prof, "small-tree").kind == "small-tree"
     assert default_predictor_kind(qwen) == "twin"
+
+
+def test_parallel_batches_give_the_same_predictions(artifact):
+    _, out, _ = artifact
+    prof = load_profile(LLAMA)
+    one = SurrogatePredictor(prof, "surrogate", out, threads=1)
+    X = one.features([scenario(n=1 + i % 9, rate=0.05 * (1 + i % 7), a_max=4 + 4 * (i % 3)) for i in range(40)])
+    X = np.tile(X, (2 * PARALLEL_BLOCK_ROWS // 40 + 1, 1))  # more than one parallel block
+    a, b = one.predict_features(X), SurrogatePredictor(prof, "surrogate", out, threads=2).predict_features(X)
+    assert np.array_equal(a.throughput_tok_s, b.throughput_tok_s) and np.array_equal(a.starved, b.starved)
+    assert np.array_equal(a.throughput_tok_s[:40], one.predict_features(X[:40]).throughput_tok_s)
+    with pytest.raises(BadInputError, match="threads"):
+        SurrogatePredictor(prof, "surrogate", out, threads=0)
 
 
 def test_features_match_the_dataset_function():
