@@ -32,14 +32,16 @@ from twin.simulate import STARVATION_THRESHOLD
 CONFIRM_DURATION_S = 3600.0
 CONFIRM_SEED = 0
 #: A GPU is confirmed when its simulated throughput is at least this fraction of its arriving tokens:
-#: the starvation threshold plus 0.01 for the Poisson noise between one seed and another.
-CONFIRM_RATIO = STARVATION_THRESHOLD + 0.01
+#: the starvation threshold plus 0.05 for the noise between one seed and another. Near the limit a GPU
+#: holds a standing queue whose size varies a lot with the arrivals: GPUs at 0.914 and 0.946 with seed
+#: 0 fell below 0.9 with seed 1 (placement_comparison: mixed/high/384 and high/low/128).
+CONFIRM_RATIO = STARVATION_THRESHOLD + 0.05
 #: With a p99 TTFT limit, a GPU must also finish this fraction of its arrivals within the window
 #: (requests still queued at its end have no TTFT, so they would otherwise escape the percentile).
 MIN_FINISHED = 0.99
 #: Each new round raises the load factor (1 + margin) by at least this fraction; by this one when
 #: the only shortfall is latency (a GPU that keeps up gives no throughput ratio to size the step).
-MIN_STEP = 0.02
+MIN_STEP = 0.04
 LATENCY_STEP = 0.05
 MAX_ROUNDS = 8
 
@@ -96,7 +98,7 @@ class Confirmation:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "by": "twin", "duration_s": CONFIRM_DURATION_S, "seed": CONFIRM_SEED, "min_ratio": CONFIRM_RATIO,
+            "by": "twin", "duration_s": CONFIRM_DURATION_S, "seed": CONFIRM_SEED, "min_ratio": round(CONFIRM_RATIO, 4),
             "max_ttft_s": self.max_ttft_s, "margin": round(self.margin, 4), "rounds": self.rounds,
             "repacked_gpus": self.repacked, "worst_ratio": round(min(self.ratios), 4) if self.ratios else None,
             "worst_ttft_ms_p99": round(max(self.ttft_ms_p99), 1) if self.ttft_ms_p99 else None,
