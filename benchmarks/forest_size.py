@@ -40,6 +40,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.surrogate_speed import best_of
 from models.dataset import read_dataset
 from models.features import N_FEATURES, engine_terms, fill_features, throughput_base
 from models.metrics import macro_f1, smape
@@ -55,17 +56,6 @@ PARAMS = {"throughput": {"criterion": "squared_error", "min_samples_leaf": 1, "m
           "starved": {"criterion": "log_loss", "min_samples_leaf": 1, "max_features": 1.0}}
 TARGETS = {"full_single_row_us": 5.0, "full_batch_10k_ms": 5.0, "held_out_throughput_smape": 3.0,
            "starved_macro_f1": 0.97}
-
-
-def best_of(fn, repeats: int, number: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(number):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / number)
-    return best
 
 
 def estimator(family: str, target: str, trees: int, leaves: int, seed: int = SEED):

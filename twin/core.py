@@ -81,17 +81,68 @@ def scheduler_ms(sched, n_running, n_waiting, a_max):
     return us / 1000.0 if us > 0 else 0.0
 
 
+@nb.njit(cache=True)
+def request_state(in_len):
+    """Per-request arrays both engine loops keep: state, computed tokens, tokens so far, KV blocks,
+    first-token / finish / last-token times (-1: not yet), ITL sum and count."""
+    n = in_len.shape[0]
+    return (np.zeros(n, np.int8), np.zeros(n, np.int32), in_len.astype(np.int32).copy(), np.zeros(n, np.int32),
+            np.full(n, -1.0), np.full(n, -1.0), np.full(n, -1.0), np.zeros(n), np.zeros(n, np.int32))
+
+
+@nb.njit(cache=True)
+def step_buffers(n, max_num_seqs, max_batched, duration, ts_dt, trace_cap):
+    """Scratch of one engine step (running list, scheduled requests and tokens, batch adapters) and the
+    recorded outputs (ITL histogram, time series, event trace) of both engine loops."""
+    running = np.zeros(max(1, min(n, max_num_seqs)), np.int64)
+    sched_req = np.zeros(max_batched + max_num_seqs, np.int64)
+    sched_tok = np.zeros(max_batched + max_num_seqs, np.int64)
+    batch_ads = np.zeros(max_batched + max_num_seqs, np.int64)
+    itl_hist = np.zeros(ITL_HIST_BINS_PER_DECADE * ITL_HIST_DECADES + 2, np.int64)
+    ts = np.zeros((int(duration / ts_dt) + 2 if ts_dt > 0 else 0, 4))
+    trace = np.zeros((trace_cap, 4), np.float64)
+    return running, sched_req, sched_tok, batch_ads, itl_hist, ts, trace
+
+
+@nb.njit(cache=True, inline="always")
+def trace_event(trace, trace_cap, tr_i, now, r, tokens, kind):
+    """Append one event to the trace while it has room; returns the new trace length."""
+    if tr_i < trace_cap:
+        trace[tr_i, 0] = now
+        trace[tr_i, 1] = r
+        trace[tr_i, 2] = tokens
+        trace[tr_i, 3] = kind
+        tr_i += 1
+    return tr_i
+
+
 @nb.njit(cache=True, inline="always")
 def trace_scheduled(trace, trace_cap, tr_i, now, sched_req, sched_tok, nsched, n_sched_running):
     """Append the step's scheduled/admitted events to the trace; returns the new trace length."""
     for j in range(nsched):
-        if tr_i < trace_cap:
-            trace[tr_i, 0] = now
-            trace[tr_i, 1] = sched_req[j]
-            trace[tr_i, 2] = sched_tok[j]
-            trace[tr_i, 3] = EV_SCHEDULED if j < n_sched_running else EV_ADMITTED
-            tr_i += 1
+        tr_i = trace_event(trace, trace_cap, tr_i, now, sched_req[j], sched_tok[j],
+                           EV_SCHEDULED if j < n_sched_running else EV_ADMITTED)
     return tr_i
+
+
+@nb.njit(cache=True, inline="always")
+def batch_shape(sched_req, sched_tok, nsched, computed, ntok, in_len, adapter, batch_stamp, batch_ads, step):
+    """(tokens, decode requests, distinct adapters) of a step's batch; the distinct adapters are listed
+    in ``batch_ads`` and stamped with ``step`` in ``batch_stamp``."""
+    n_tokens = 0
+    n_decode = 0
+    n_batch_ads = 0
+    for j in range(nsched):
+        r = sched_req[j]
+        n_tokens += sched_tok[j]
+        if sched_tok[j] == 1 and computed[r] == ntok[r] - 1 and ntok[r] > in_len[r]:
+            n_decode += 1
+        a = adapter[r]
+        if batch_stamp[a] != step:
+            batch_stamp[a] = step
+            batch_ads[n_batch_ads] = a
+            n_batch_ads += 1
+    return n_tokens, n_decode, n_batch_ads
 
 
 @nb.njit(cache=True, inline="always")
@@ -124,12 +175,7 @@ def apply_step_output(sched_req, sched_tok, nsched, now, t_end, computed, ntok, 
                 state[r] = FINISHED
                 finish[r] = t_end
                 any_finished = True
-                if tr_i < trace_cap:
-                    trace[tr_i, 0] = now
-                    trace[tr_i, 1] = r
-                    trace[tr_i, 2] = 0
-                    trace[tr_i, 3] = EV_FINISHED
-                    tr_i += 1
+                tr_i = trace_event(trace, trace_cap, tr_i, now, r, 0, EV_FINISHED)
     return any_finished, tr_i
 
 
@@ -165,15 +211,7 @@ def simulate_core(
     na = ad_start.shape[0] - 1
 
     # --- per-request state
-    state = np.zeros(n, np.int8)
-    computed = np.zeros(n, np.int32)
-    ntok = in_len.astype(np.int32).copy()
-    blocks = np.zeros(n, np.int32)
-    first_tok = np.full(n, -1.0)
-    finish = np.full(n, -1.0)
-    last_tok = np.full(n, -1.0)
-    itl_sum = np.zeros(n)
-    itl_cnt = np.zeros(n, np.int32)
+    state, computed, ntok, blocks, first_tok, finish, last_tok, itl_sum, itl_cnt = request_state(in_len)
     qkey = np.zeros(n, np.int64)
     stack_next = np.full(n, -1, np.int64)
 
@@ -205,20 +243,12 @@ def simulate_core(
         n_resident += 1
     batch_stamp = np.full(na, -1, np.int64)
 
-    running = np.zeros(max(1, min(n, max_num_seqs)), np.int64)
-    sched_req = np.zeros(max_batched + max_num_seqs, np.int64)
-    sched_tok = np.zeros(max_batched + max_num_seqs, np.int64)
-    batch_ads = np.zeros(max_batched + max_num_seqs, np.int64)
-
-    n_hist = ITL_HIST_BINS_PER_DECADE * ITL_HIST_DECADES
-    itl_hist = np.zeros(n_hist + 2, np.int64)
-
-    n_ts = int(duration / ts_dt) + 2 if ts_dt > 0 else 0
-    ts = np.zeros((n_ts, 4))
+    running, sched_req, sched_tok, batch_ads, itl_hist, ts, trace = step_buffers(
+        n, max_num_seqs, max_batched, duration, ts_dt, trace_cap)
+    n_hist = itl_hist.shape[0] - 2
+    n_ts = ts.shape[0]
     ts_i = 0
     next_ts = 0.0
-
-    trace = np.zeros((trace_cap, 4), np.float64)
     tr_i = 0
 
     nrun = 0
@@ -297,12 +327,7 @@ def simulate_core(
                 _tree_update(all_keys, all_idx, size, av, qkey[v])
                 _tree_update(set_keys, set_idx, size, av, qkey[v] if run_count[av] > 0 else INF_KEY)
                 preempted_now = True
-                if tr_i < trace_cap:
-                    trace[tr_i, 0] = now
-                    trace[tr_i, 1] = v
-                    trace[tr_i, 2] = 0
-                    trace[tr_i, 3] = EV_PREEMPTED
-                    tr_i += 1
+                tr_i = trace_event(trace, trace_cap, tr_i, now, v, 0, EV_PREEMPTED)
                 if v == r:
                     scheduled = False
                     break
@@ -370,19 +395,8 @@ def simulate_core(
             continue
 
         # 4. Step cost: batch shape, adapter loads, scheduler overhead.
-        n_tokens = 0
-        n_decode = 0
-        n_batch_ads = 0
-        for j in range(nsched):
-            r = sched_req[j]
-            n_tokens += sched_tok[j]
-            if sched_tok[j] == 1 and computed[r] == ntok[r] - 1 and ntok[r] > in_len[r]:
-                n_decode += 1
-            a = adapter[r]
-            if batch_stamp[a] != step:
-                batch_stamp[a] = step
-                batch_ads[n_batch_ads] = a
-                n_batch_ads += 1
+        n_tokens, n_decode, n_batch_ads = batch_shape(sched_req, sched_tok, nsched, computed, ntok, in_len, adapter,
+                                                      batch_stamp, batch_ads, step)
         load_ms = 0.0
         for j in range(n_batch_ads):
             a = batch_ads[j]

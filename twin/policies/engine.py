@@ -37,14 +37,16 @@ import numpy as np
 from twin.core import (
     EV_PREEMPTED,
     FINISHED,
-    ITL_HIST_BINS_PER_DECADE,
-    ITL_HIST_DECADES,
     REJECTED,
     RUNNING,
     WAITING,
     apply_step_output,
+    batch_shape,
+    request_state,
     scheduler_ms,
+    step_buffers,
     step_ms,
+    trace_event,
     trace_scheduled,
 )
 from twin.policies.rules import (
@@ -174,16 +176,8 @@ def simulate_policy_core(
     cache_mode, sched_mode, cold = ip[I_CACHE], ip[I_SCHED], ip[I_COLD]
     nq = ip[I_QUEUES] if sched_mode == SCHED_MLQ else 1
 
-    state = np.zeros(n, np.int8)
-    computed = np.zeros(n, np.int32)
-    ntok = in_len.astype(np.int32).copy()
-    blocks = np.zeros(n, np.int32)
-    first_tok = np.full(n, -1.0)
-    finish = np.full(n, -1.0)
-    last_tok = np.full(n, -1.0)
+    state, computed, ntok, blocks, first_tok, finish, last_tok, itl_sum, itl_cnt = request_state(in_len)
     admit_t = np.full(n, -1.0)
-    itl_sum = np.zeros(n)
-    itl_cnt = np.zeros(n, np.int32)
     nxt = np.full(n, -1, np.int64)
     prv = np.full(n, -1, np.int64)
     req_q = np.zeros(n, np.int64)
@@ -224,18 +218,12 @@ def simulate_policy_core(
     batch_stamp = np.full(na, -1, np.int64)
     ad_prompt_tok = np.zeros(na)
 
-    running = np.zeros(max(1, min(n, max_num_seqs)), np.int64)
-    sched_req = np.zeros(max_batched + max_num_seqs, np.int64)
-    sched_tok = np.zeros(max_batched + max_num_seqs, np.int64)
-    batch_ads = np.zeros(max_batched + max_num_seqs, np.int64)
-
-    n_hist = ITL_HIST_BINS_PER_DECADE * ITL_HIST_DECADES
-    itl_hist = np.zeros(n_hist + 2, np.int64)
-    n_ts = int(duration / ts_dt) + 2 if ts_dt > 0 else 0
-    ts = np.zeros((n_ts, 4))
+    running, sched_req, sched_tok, batch_ads, itl_hist, ts, trace = step_buffers(
+        n, max_num_seqs, max_batched, duration, ts_dt, trace_cap)
+    n_hist = itl_hist.shape[0] - 2
+    n_ts = ts.shape[0]
     ts_i = 0
     next_ts = 0.0
-    trace = np.zeros((trace_cap, 4), np.float64)
     tr_i = 0
 
     nrun = 0
@@ -377,12 +365,7 @@ def simulate_policy_core(
                 if rc[av] == 0:
                     n_distinct -= 1
                 preempted_now = True
-                if tr_i < trace_cap:
-                    trace[tr_i, 0] = now
-                    trace[tr_i, 1] = v
-                    trace[tr_i, 2] = 0
-                    trace[tr_i, 3] = EV_PREEMPTED
-                    tr_i += 1
+                tr_i = trace_event(trace, trace_cap, tr_i, now, v, 0, EV_PREEMPTED)
                 if v == r:
                     scheduled = False
                     break
@@ -501,21 +484,12 @@ def simulate_policy_core(
             continue
 
         # 4. Step cost: the profile's model, inline loads, CPU-assisted LoRA of loading adapters.
-        n_tokens = 0
-        n_decode = 0
-        n_batch_ads = 0
+        n_tokens, n_decode, n_batch_ads = batch_shape(sched_req, sched_tok, nsched, computed, ntok, in_len, adapter,
+                                                      batch_stamp, batch_ads, step)
+        for j in range(n_batch_ads):
+            ad_prompt_tok[batch_ads[j]] = 0.0
         for j in range(nsched):
-            r = sched_req[j]
-            n_tokens += sched_tok[j]
-            if sched_tok[j] == 1 and computed[r] == ntok[r] - 1 and ntok[r] > in_len[r]:
-                n_decode += 1
-            a = adapter[r]
-            if batch_stamp[a] != step:
-                batch_stamp[a] = step
-                batch_ads[n_batch_ads] = a
-                n_batch_ads += 1
-                ad_prompt_tok[a] = 0.0
-            ad_prompt_tok[a] += sched_tok[j]
+            ad_prompt_tok[adapter[sched_req[j]]] += sched_tok[j]
         b = float(nsched)
         prompt_tokens = float(n_tokens - n_decode)
         ms = step_ms(lat, b, prompt_tokens, n_batch_ads)
