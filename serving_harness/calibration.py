@@ -3,22 +3,29 @@
 The micro-benchmarks of serving_harness/profiling.py measure each term alone. Under real traffic the
 engine also shares the machine with its API server (streaming every token) and the load generator,
 and requests arrive and finish every step; on a small CPU box that changes the step time. This
-module replays the calibration workloads' exact requests through the twin and fits three scale
-factors — on the fixed per-step terms (k5, l0), the per-request terms (k4, l1) and the prompt-token
-term (kp) — minimising the squared log errors of throughput and ITL (TTFT at a quarter weight) by a
-coordinate search in log space. The micro-benchmark fit stays in the profile as a latency variant.
+module replays the calibration workloads' exact requests through the twin and fits six parameters:
+three scale factors — on the fixed per-step terms (k5, l0), the per-request terms (k4, l1) and the
+prompt-token term (kp) — and the per-request terms of twin/profile.py: event costs ``ka``
+(admitted) and ``kf`` (finished) and the arrival delay, minimising the squared log errors of
+throughput and ITL (TTFT at a quarter weight) by a coordinate search: the scales first (per-request
+terms 0), then all six from there, so a per-request term is only non-zero where it lowers the loss.
+Run-level figures separate ``ka`` from ``kp`` only through the spread of prompt lengths over the
+workloads. The micro-benchmark fit stays in the profile as a latency variant; :func:`recalibrate`
+redoes the fit from a profile's stored runs without vLLM.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from serving_harness.loadgen import RunRecords
-from twin.profile import Profile, StepLatency
+from twin.errors import BadInputError
+from twin.profile import Profile, StepLatency, profile_from_dict, step_latency_to_dict
 from twin.simulate import SimConfig, simulate
 from twin.workload import Adapter, Requests, Workload, trace_requests
 
@@ -55,10 +62,20 @@ def load_runs(work_dir: str | Path, case_ids: list[str] | None = None) -> list[R
     return runs
 
 
-def scaled(latency: StepLatency, log_scales: np.ndarray, source: str = "") -> StepLatency:
-    fixed, per_request, prefill = np.exp(log_scales)
+#: Parameters: log scales of (k5, l0), (k4, l1) and kp, then ka, kf and the arrival delay in ms.
+PARAMETERS = ("fixed", "per_request", "prefill", "ka_ms", "kf_ms", "arrival_delay_ms")
+#: Coordinate-search units per parameter and stage (the first step, 0.4, moves an event term by 2 ms
+#: and the delay by 10 ms) and lower bounds.
+STAGES = ((1.0, 1.0, 1.0, 0.0, 0.0, 0.0), (1.0, 1.0, 1.0, 5.0, 5.0, 25.0))
+LOWER = np.array([-np.inf, -np.inf, -np.inf, 0.0, 0.0, 0.0])
+
+
+def calibrated(latency: StepLatency, theta: np.ndarray, source: str = "") -> StepLatency:
+    """``latency`` with the parameters ``theta`` (``PARAMETERS`` order) applied."""
+    fixed, per_request, prefill = np.exp(theta[:3])
     return replace(latency, k5=latency.k5 * fixed, l0=latency.l0 * fixed, k4=latency.k4 * per_request,
-                   l1=latency.l1 * per_request, kp=latency.kp * prefill, source=source or latency.source)
+                   l1=latency.l1 * per_request, kp=latency.kp * prefill, ka=float(theta[3]), kf=float(theta[4]),
+                   arrival_delay=float(theta[5]), source=source or latency.source)
 
 
 def twin_result(profile: Profile, run: RecordedRun, duration_s: float, warmup_s: float) -> dict:
@@ -84,23 +101,18 @@ def loss(errors: np.ndarray) -> float:
     return float(np.mean(errors ** 2 @ np.array(WEIGHTS)))
 
 
-def calibrate(profile: Profile, runs: list[RecordedRun], duration_s: float, warmup_s: float,
-              max_rounds: int = 40) -> tuple[np.ndarray, float, float]:
-    """(log scales, loss before, loss after) of the coordinate search from scales 1."""
-    base = profile.step_latency
-
-    def f(theta: np.ndarray) -> float:
-        return loss(twin_errors(replace(profile, step_latency=scaled(base, theta)), runs, duration_s, warmup_s))
-
-    theta = np.zeros(3)
-    best = before = f(theta)
+def _coordinate_search(f, theta: np.ndarray, units: tuple[float, ...], best: float,
+                       max_rounds: int) -> tuple[np.ndarray, float]:
+    """Greedy coordinate search from ``theta`` (loss ``best``) moving the parameters with a unit > 0."""
     step = 0.4
     for _ in range(max_rounds):
         improved = False
-        for k in range(3):
-            for sign in (1.0, -1.0):
+        for k, unit in enumerate(units):
+            for sign in (1.0, -1.0) if unit else ():
                 trial = theta.copy()
-                trial[k] += sign * step
+                trial[k] = max(LOWER[k], trial[k] + sign * step * unit)
+                if trial[k] == theta[k]:
+                    continue
                 value = f(trial)
                 if value < best:
                     theta, best, improved = trial, value, True
@@ -109,4 +121,77 @@ def calibrate(profile: Profile, runs: list[RecordedRun], duration_s: float, warm
             step /= 2
             if step < 0.01:
                 break
-    return theta, before, best
+    return theta, best
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A fit's parameters (``PARAMETERS`` order) and its loss before, with the scales only and after."""
+
+    theta: np.ndarray
+    loss_before: float
+    loss_scales_only: float
+    loss_after: float
+
+
+def calibrate(profile: Profile, runs: list[RecordedRun], duration_s: float, warmup_s: float,
+              max_rounds: int = 40) -> Calibration:
+    """Fit ``PARAMETERS`` to ``runs`` from the profile's own step latency (scales 1, no per-request terms)."""
+    base = profile.step_latency
+
+    def f(theta: np.ndarray) -> float:
+        return loss(twin_errors(replace(profile, step_latency=calibrated(base, theta)), runs, duration_s, warmup_s))
+
+    theta = np.zeros(len(PARAMETERS))
+    best = before = f(theta)
+    losses = []
+    for units in STAGES:
+        theta, best = _coordinate_search(f, theta, units, best, max_rounds)
+        losses.append(best)
+    return Calibration(theta, before, losses[0], best)
+
+
+def calibrated_profile(profile: dict, runs: list[RecordedRun], duration_s: float, warmup_s: float,
+                       meta: dict) -> dict:
+    """The profile JSON ``profile`` (whose ``step_latency_ms`` is the micro-benchmark fit) calibrated to
+    ``runs``; the fit and ``meta`` (seed, runs directory, ...) go into ``provenance.calibration``."""
+    micro = profile_from_dict(profile, where=f"profile {profile.get('profile_id')}")
+    fit = calibrate(micro, runs, duration_s, warmup_s)
+    fixed, per_request, prefill = np.exp(fit.theta[:3])
+    ka, kf, delay = (float(v) for v in fit.theta[3:])
+    latency = calibrated(micro.step_latency, fit.theta, source=(
+        f"micro-benchmark fit ({micro.step_latency.source}) scaled by {fixed:.3f} (k5, l0), {per_request:.3f} "
+        f"(k4, l1), {prefill:.3f} (kp), plus {ka:.3f} ms per admitted and {kf:.3f} ms per finished request and "
+        f"an arrival delay of {delay:.1f} ms, fitted to {len(runs)} calibration workloads "
+        f"(serving_harness/calibration.py)"))
+    return {
+        **profile,
+        "step_latency_ms": step_latency_to_dict(latency),
+        "step_latency_variants": {**profile.get("step_latency_variants", {}),
+                                  "microbenchmarks": profile["step_latency_ms"]},
+        "provenance": {**profile["provenance"], "calibration": {
+            "workloads": len(runs), **meta, "duration_s": duration_s, "warmup_s": warmup_s,
+            "scales": {"fixed": fixed, "per_request": per_request, "prefill": prefill},
+            "per_request_terms_ms": {"per_admitted_request": ka, "per_finished_request": kf, "arrival_delay": delay},
+            "loss_before": fit.loss_before, "loss_scales_only": fit.loss_scales_only, "loss_after": fit.loss_after}},
+    }
+
+
+def recalibrate(path: str | Path, command: str, runs_dir: str | Path | None = None) -> dict:
+    """The profile JSON at ``path`` with its calibration refitted to its stored calibration runs (or
+    those under ``runs_dir``), no engine needed. Its ``validation`` figures belonged to the previous
+    step latency and are dropped: re-score the validation runs to restore them."""
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    previous = data.get("provenance", {}).get("calibration")
+    micro = (data.get("step_latency_variants") or {}).get("microbenchmarks")
+    if not previous or micro is None:
+        raise BadInputError(f"{path}: not a calibrated profile (no provenance.calibration or no "
+                            "'microbenchmarks' latency variant); calibrate it with `planner profile`")
+    runs_dir = Path(runs_dir or previous["runs"])
+    if not (runs_dir / "cases").is_dir():
+        raise BadInputError(f"{runs_dir}: no stored calibration runs (cases/ and runs/ of `planner profile`)")
+    meta = {"seed": previous.get("seed"), "runs": str(runs_dir), "command": command, "date": time.strftime("%Y-%m-%d")}
+    data = calibrated_profile({**data, "step_latency_ms": micro}, load_runs(runs_dir), previous["duration_s"],
+                              previous["warmup_s"], meta)
+    data.pop("validation", None)
+    return data

@@ -40,7 +40,7 @@ from serving_harness.metrics import cache_config, parse_prometheus
 from serving_harness.synth import model_shape, write_adapters
 from twin.atomic import write_json_atomic
 from twin.errors import BadInputError
-from twin.profile import SCHEMA_VERSION, profile_from_dict, step_latency_to_dict
+from twin.profile import SCHEMA_VERSION, profile_from_dict
 from twin.workload import Adapter, Workload, trace_requests
 
 
@@ -409,8 +409,8 @@ CALIBRATION_SEED = 7
 
 def calibrate_fitted(profile: dict, spec: ProfileSpec, work_dir: Path, cases: int, duration_s: float,
                      warmup_s: float, python: str | None, progress: Progress | None) -> dict:
-    """Run ``cases`` calibration workloads and rescale the fitted step latency to them (see calibration.py)."""
-    from serving_harness.calibration import calibrate, load_runs, scaled
+    """Run ``cases`` calibration workloads and fit the step latency to them (see calibration.py)."""
+    from serving_harness.calibration import calibrated_profile, load_runs
     from serving_harness.validation import Validator
 
     micro = profile_from_dict(profile, where=f"fitted profile {spec.profile_id}")
@@ -420,21 +420,8 @@ def calibrate_fitted(profile: dict, spec: ProfileSpec, work_dir: Path, cases: in
     workloads = validator.workload_set(cases, CALIBRATION_SEED)
     validator.run(workloads)
     runs = load_runs(work_dir / "calibration", [c.case_id for c in workloads])
-    theta, before, after = calibrate(micro, runs, duration_s, warmup_s)
-    fixed, per_request, prefill = np.exp(theta)
-    calibrated = scaled(micro.step_latency, theta, source=(
-        f"micro-benchmark fit ({micro.step_latency.source}) scaled by {fixed:.3f} (k5, l0), {per_request:.3f} "
-        f"(k4, l1), {prefill:.3f} (kp) to {cases} calibration workloads (serving_harness/calibration.py)"))
-    return {
-        **profile,
-        "step_latency_ms": step_latency_to_dict(calibrated),
-        "step_latency_variants": {"microbenchmarks": profile["step_latency_ms"]},
-        "provenance": {**profile["provenance"], "calibration": {
-            "workloads": cases, "seed": CALIBRATION_SEED, "duration_s": duration_s, "warmup_s": warmup_s,
-            "runs": str(work_dir / "calibration"), "scales": {"fixed": fixed, "per_request": per_request,
-                                                              "prefill": prefill},
-            "loss_before": before, "loss_after": after}},
-    }
+    return calibrated_profile(profile, runs, duration_s, warmup_s,
+                              {"seed": CALIBRATION_SEED, "runs": str(work_dir / "calibration")})
 
 
 def profile_engine(spec: ProfileSpec, work_dir: str | os.PathLike, out: str | os.PathLike, command: str,

@@ -8,30 +8,38 @@ synthetic adapters) and through the twin with the very same requests (trace repl
 window convention: arrivals over [0, duration), measurement window [warmup, duration], requests
 unfinished at ``duration`` not counted. Each case's result is saved as it completes (a rerun
 resumes); :func:`report` writes the table (JSON + CSV) and a PNG of twin vs real.
+
+Run as ``python -m serving_harness.validation`` (from the repository root), this module recomputes a
+profile's calibration and its validation table from stored runs, without vLLM (see :func:`main`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import csv
+import functools
 import io
 import json
 import os
+import shlex
+import sys
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import click
 import numpy as np
 
-from serving_harness.calibration import load_runs, twin_result
+from serving_harness.calibration import load_runs, recalibrate, twin_result
 from serving_harness.engine import Engine, EngineConfig
 from serving_harness.loadgen import measure, run_load, summarise
 from serving_harness.metrics import fetch_samples, series_values
 from serving_harness.synth import model_shape, write_adapters
-from twin.atomic import write_bytes_atomic, write_json_atomic, write_text_atomic
-from twin.errors import BadInputError
+from twin.atomic import json_safe, write_bytes_atomic, write_json_atomic, write_text_atomic
+from twin.errors import BadInputError, LoraPlannerError
 from twin.metrics import smape
-from twin.profile import Profile
+from twin.profile import Profile, artifacts_dir, load_profile, profiles_dir
 from twin.simulate import SimConfig, simulate
 from twin.workload import Adapter, LengthModel, Workload, draw_requests
 
@@ -219,11 +227,14 @@ class Validator:
         }
 
     def compare(self, rows: list[dict]) -> list[dict]:
-        """``rows`` with the twin's figures for the very same requests (recomputed: cheap, and a new
-        profile version can be scored against the same real runs)."""
-        runs = load_runs(self.work_dir, [r["case_id"] for r in rows])
-        return [{**row, "twin": twin_result(self.profile, run, self.duration_s, self.warmup_s)}
-                for row, run in zip(rows, runs)]
+        return compare(self.profile, self.work_dir, rows, self.duration_s, self.warmup_s)
+
+
+def compare(profile: Profile, work_dir: Path, rows: list[dict], duration_s: float, warmup_s: float) -> list[dict]:
+    """``rows`` (saved cases of ``work_dir``) with the twin's figures for the very same requests
+    (recomputed: cheap, and a new profile version can be scored against the same real runs)."""
+    runs = load_runs(work_dir, [r["case_id"] for r in rows])
+    return [{**row, "twin": twin_result(profile, run, duration_s, warmup_s)} for row, run in zip(rows, runs)]
 
 
 METRICS = (("throughput", "total_throughput_tok_s"), ("itl", "itl_ms_mean"), ("ttft", "ttft_ms_mean"))
@@ -293,7 +304,8 @@ def report(rows: list[dict], out_dir: str | os.PathLike, profile_id: str, meta: 
     """Write ``table.json``, ``table.csv`` and ``twin_vs_real.png`` under ``out_dir``."""
     out = Path(out_dir)
     summary = summary_table(rows)
-    write_json_atomic(out / "table.json", {"profile_id": profile_id, "summary": summary, **meta, "cases": rows})
+    write_json_atomic(out / "table.json", json_safe({"profile_id": profile_id, "summary": summary, **meta,
+                                                     "cases": rows}))
     flat = table_rows(rows)
     buf = io.StringIO()
     if flat:
@@ -303,3 +315,132 @@ def report(rows: list[dict], out_dir: str | os.PathLike, profile_id: str, meta: 
     write_text_atomic(out / "table.csv", buf.getvalue())
     plot(rows, out / "twin_vs_real.png", f"{profile_id}: twin vs real vLLM, {len(rows)} held-apart workloads")
     return summary
+
+
+def record_summary(profile_path: Path, summary: dict, table: Path, command: str) -> None:
+    """Store a validation ``summary`` (and where its ``table`` is) in the profile JSON's ``validation``."""
+    data = json.loads(profile_path.read_text(encoding="utf-8"))
+    table, root = table.resolve(), artifacts_dir().resolve().parent
+    where = table.relative_to(root) if table.is_relative_to(root) else table
+    data["validation"] = json_safe({**summary, "table": str(where), "command": command,
+                                    "date": time.strftime("%Y-%m-%d")})
+    write_json_atomic(profile_path, data)
+
+
+# ----------------------------------------------------------------------------------------------
+# Offline: the calibration and the validation table recomputed from stored runs (no vLLM)
+
+
+def stored_rows(profile: Profile, work_dir: Path) -> list[dict]:
+    """The cases saved under ``work_dir``; refuses the runs the profile was calibrated on."""
+    calibration_runs = profile.provenance.get("calibration", {}).get("runs")
+    if calibration_runs and Path(calibration_runs).resolve() == work_dir.resolve():
+        raise BadInputError(f"{work_dir} holds the runs profile {profile.profile_id} was calibrated on; "
+                            "validate on held-apart runs")
+    paths = sorted((work_dir / "cases").glob("*.json"))
+    if not paths:
+        raise BadInputError(f"{work_dir}: no saved cases (cases/*.json of `planner validate`)")
+    return [json.loads(p.read_text(encoding="utf-8")) for p in paths]
+
+
+def _command_line() -> str:
+    return shlex.join(["python", "-m", "serving_harness.validation", *sys.argv[1:]])
+
+
+def _user_errors(fn):
+    """One-line messages and the error's exit code instead of tracebacks."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except LoraPlannerError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(exc.exit_code)
+
+    return wrapper
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """Recompute a profile's calibration and validation table from stored real runs, without vLLM.
+
+    \b
+    Example (from the repository root):
+      python -m serving_harness.validation calibrate --profile artifacts/profiles/cpu-2core-tiny-llama.json
+      python -m serving_harness.validation rescore --profile cpu-2core-tiny-llama \\
+          --work-dir datasets/measured/cpu-2core-tiny-llama/validation --record
+    """
+
+
+@main.command("calibrate")
+@click.option("--profile", "profile_path", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="Calibrated profile JSON; rewritten with the new fit (its validation figures are dropped).")
+@click.option("--runs", "runs_dir", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Calibration runs [default: the profile's provenance.calibration.runs].")
+@click.option("--json", "as_json", is_flag=True, help="Print provenance.calibration as JSON.")
+@_user_errors
+def calibrate_command(profile_path, runs_dir, as_json) -> None:
+    """Refit the step latency's calibration (scales and per-request terms) to the stored runs.
+
+    \b
+    Example:
+      python -m serving_harness.validation calibrate --profile artifacts/profiles/cpu-2core-tiny-llama.json
+    """
+    data = recalibrate(profile_path, _command_line(), runs_dir)
+    write_json_atomic(profile_path, data)
+    fit = data["provenance"]["calibration"]
+    if as_json:
+        click.echo(json.dumps(fit, indent=1))
+        return
+    terms = fit["per_request_terms_ms"]
+    click.echo(f"wrote {profile_path}: scales " + ", ".join(f"{k} {v:.3f}" for k, v in fit["scales"].items())
+               + f"; {terms['per_admitted_request']:.3f} ms per admitted, {terms['per_finished_request']:.3f} ms "
+               f"per finished request, arrival delay {terms['arrival_delay']:.1f} ms; loss {fit['loss_before']:.4f} "
+               f"-> {fit['loss_scales_only']:.4f} (scales) -> {fit['loss_after']:.4f}")
+
+
+@main.command("rescore")
+@click.option("--profile", "profile_id", required=True, help="Profile id or JSON path.")
+@click.option("--work-dir", required=True, type=click.Path(exists=True, file_okay=False),
+              help="A `planner validate` work dir (cases/*.json, runs/*-requests.parquet).")
+@click.option("--out-dir", type=click.Path(file_okay=False), default=None,
+              help="table.json, table.csv, twin_vs_real.png [default: artifacts/validation/ID].")
+@click.option("--duration", type=click.FloatRange(min=1), default=30.0, show_default=True,
+              help="Seconds of arrivals per workload (as the runs were made).")
+@click.option("--warmup", type=click.FloatRange(min=0), default=5.0, show_default=True,
+              help="Seconds excluded from the measurement window.")
+@click.option("--record", is_flag=True, help="Also store the summary in the profile JSON's `validation` field.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@_user_errors
+def rescore_command(profile_id, work_dir, out_dir, duration, warmup, record, as_json) -> None:
+    """Score the profile's twin against the real runs stored in --work-dir (table, CSV, plot).
+
+    \b
+    Example:
+      python -m serving_harness.validation rescore --profile cpu-2core-tiny-llama \\
+          --work-dir datasets/measured/cpu-2core-tiny-llama/validation
+    """
+    prof, work = load_profile(profile_id), Path(work_dir)
+    rows = compare(prof, work, stored_rows(prof, work), duration, warmup)
+    saved = work / "workloads.json"
+    seed = json.loads(saved.read_text(encoding="utf-8"))["seed"] if saved.is_file() else None
+    out = Path(out_dir) if out_dir else artifacts_dir() / "validation" / prof.profile_id
+    summary = report(rows, out, prof.profile_id, {
+        "command": _command_line(), "duration_s": duration, "warmup_s": warmup, "seed": seed,
+        "window_convention": "arrivals over [0, duration); requests finished in [warmup, duration] count",
+        "smape": "100*mean(2|twin-real|/(|twin|+|real|))",
+    })
+    if record:
+        path = Path(profile_id) if Path(profile_id).is_file() else profiles_dir() / f"{prof.profile_id}.json"
+        record_summary(path, summary, out / "table.json", _command_line())
+    if as_json:
+        click.echo(json.dumps(summary, indent=1))
+        return
+    click.echo(f"{summary['cases']} workloads ({summary['real_starved']} starved in reality); starved agreement "
+               f"{summary['starved_agreement_pct']:.1f} %; SMAPE throughput {summary['throughput_smape_pct_all']:.1f} %, "
+               f"ITL {summary['itl_smape_pct_all']:.1f} %, TTFT {summary['ttft_smape_pct_all']:.1f} %; wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

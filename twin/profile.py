@@ -12,6 +12,13 @@ adapters among them. The study's model is ``kp = l0 = l1 = l2 = 0``; an additive
 ``k6 = 0, k7 = 100``. The LoRA term grows with requests, not tokens: at batch ~230 of decodes vLLM
 0.8.5 pays ~0.06 ms per request for LoRA, far more than any per-token cost of a 2048-token step
 allows (see benchmarks/twin_fidelity.py).
+
+Per-request terms: ``ka`` (ms) of engine time per request a step admits from the waiting queue, and
+``kf`` per request it finishes, paid after the step's output (the final token is not delayed by
+it). ``arrival_delay`` (ms) is latency without engine time: a request joins the waiting queue that
+long after it arrives (the API server's HTTP handling, tokenising and hand-off to the engine). All
+three are 0 unless a calibration fitted them (serving_harness/calibration.py); the alternative
+serving policies (``twin.policies``) do not model ``ka`` and ``kf`` yet and refuse such a profile.
 """
 
 from __future__ import annotations
@@ -134,6 +141,9 @@ class StepLatency:
     l0: float = 0.0
     l1: float = 0.0
     l2: float = 0.0
+    ka: float = 0.0
+    kf: float = 0.0
+    arrival_delay: float = 0.0
     source: str = ""
 
     def step_ms(self, b: float, p: float, a_b: float) -> float:
@@ -143,7 +153,14 @@ class StepLatency:
         return ms
 
     def as_array(self) -> list[float]:
-        return [self.k4, self.k5, self.kp, self.k6, self.k7, self.l0, self.l1, self.l2]
+        """The twin's coefficient array; the per-request terms are appended only when set, so
+        profiles without them keep their array (and their datasets' simulation hash)."""
+        base = [self.k4, self.k5, self.kp, self.k6, self.k7, self.l0, self.l1, self.l2]
+        return [*base, *self.per_request_terms] if any(self.per_request_terms) else base
+
+    @property
+    def per_request_terms(self) -> tuple[float, float, float]:
+        return self.ka, self.kf, self.arrival_delay
 
 
 @dataclass(frozen=True)
@@ -343,6 +360,9 @@ def _step_latency(r: _Reader) -> StepLatency:
         l0=r.num("l0_ms", 0.0),
         l1=r.num("l1_ms_per_request", 0.0),
         l2=r.num("l2_ms_per_adapter", 0.0),
+        ka=r.num("ka_ms_per_admitted_request", 0.0, min_value=0),
+        kf=r.num("kf_ms_per_finished_request", 0.0, min_value=0),
+        arrival_delay=r.num("arrival_delay_ms", 0.0, min_value=0),
         source=r.str_("source", ""),
     )
 
@@ -351,7 +371,10 @@ def step_latency_to_dict(s: StepLatency) -> dict[str, Any]:
     return {
         "k4_ms_per_request": s.k4, "k5_ms": s.k5, "kp_ms_per_prompt_token": s.kp,
         "k6_pct_per_adapter": s.k6, "k7_pct": s.k7, "l0_ms": s.l0, "l1_ms_per_request": s.l1,
-        "l2_ms_per_adapter": s.l2, "source": s.source,
+        "l2_ms_per_adapter": s.l2,
+        **({"ka_ms_per_admitted_request": s.ka, "kf_ms_per_finished_request": s.kf, "arrival_delay_ms": s.arrival_delay}
+           if any(s.per_request_terms) else {}),
+        "source": s.source,
     }
 
 

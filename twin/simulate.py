@@ -143,7 +143,12 @@ def simulate(
     # Requests longer than max_model_len are refused by the server (HTTP 400).
     too_long = (requests.input_tokens.astype(np.int64) + requests.output_tokens) > eng.max_model_len
     arrival = np.where(too_long, np.inf, requests.arrival_s) if too_long.any() else requests.arrival_s
+    if profile.step_latency.arrival_delay:
+        arrival = arrival + profile.step_latency.arrival_delay / 1000.0  # the engine sees a request this late
     if config.policy is not None:
+        if profile.step_latency.ka or profile.step_latency.kf:
+            raise ProfileError(f"policy {config.policy.name} does not model the per-request event costs (ka, kf) "
+                               f"of profile {profile.profile_id} yet")
         from twin.policies.run import run_policy
 
         out, kv_tokens, stats = run_policy(config.policy, workload, profile, requests, arrival, load_ms, lat, sched,
