@@ -435,7 +435,7 @@ def rescore_command(profile_id, work_dir, out_dir, duration, warmup, record, as_
         path = Path(profile_id) if Path(profile_id).is_file() else profiles_dir() / f"{prof.profile_id}.json"
         record_summary(path, summary, out / "table.json", _command_line())
     if as_json:
-        click.echo(json.dumps(summary, indent=1))
+        click.echo(json.dumps(json_safe(summary), indent=1))
         return
     click.echo(f"{summary['cases']} workloads ({summary['real_starved']} starved in reality); starved agreement "
                f"{summary['starved_agreement_pct']:.1f} %; SMAPE throughput {summary['throughput_smape_pct_all']:.1f} %, "
