@@ -3,15 +3,13 @@
 The micro-benchmarks of serving_harness/profiling.py measure each term alone. Under real traffic the
 engine also shares the machine with its API server (streaming every token) and the load generator,
 and requests arrive and finish every step; on a small CPU box that changes the step time. This
-module replays the calibration workloads' exact requests through the twin and fits six parameters:
+module replays the calibration workloads' exact requests through the twin and fits four parameters:
 three scale factors — on the fixed per-step terms (k5, l0), the per-request terms (k4, l1) and the
-prompt-token term (kp) — and the per-request terms of twin/profile.py: event costs ``ka``
-(admitted) and ``kf`` (finished) and the arrival delay, minimising the squared log errors of
-throughput and ITL (TTFT at a quarter weight) by a coordinate search: the scales first (per-request
-terms 0), then all six from there, so a per-request term is only non-zero where it lowers the loss.
-Run-level figures separate ``ka`` from ``kp`` only through the spread of prompt lengths over the
-workloads. The micro-benchmark fit stays in the profile as a latency variant; :func:`recalibrate`
-redoes the fit from a profile's stored runs without vLLM.
+prompt-token term (kp) — and the arrival delay of twin/profile.py, minimising the squared log errors
+of throughput and ITL (TTFT at a quarter weight) by a coordinate search: the scales first (no delay),
+then all four from there, so the delay is only non-zero where it lowers the loss. The
+micro-benchmark fit stays in the profile as a latency variant; :func:`recalibrate` redoes the fit
+from a profile's stored runs without vLLM.
 """
 
 from __future__ import annotations
@@ -62,20 +60,20 @@ def load_runs(work_dir: str | Path, case_ids: list[str] | None = None) -> list[R
     return runs
 
 
-#: Parameters: log scales of (k5, l0), (k4, l1) and kp, then ka, kf and the arrival delay in ms.
-PARAMETERS = ("fixed", "per_request", "prefill", "ka_ms", "kf_ms", "arrival_delay_ms")
-#: Coordinate-search units per parameter and stage (the first step, 0.4, moves an event term by 2 ms
-#: and the delay by 10 ms) and lower bounds.
-STAGES = ((1.0, 1.0, 1.0, 0.0, 0.0, 0.0), (1.0, 1.0, 1.0, 5.0, 5.0, 25.0))
-LOWER = np.array([-np.inf, -np.inf, -np.inf, 0.0, 0.0, 0.0])
+#: Parameters: log scales of (k5, l0), (k4, l1) and kp, then the arrival delay in ms.
+PARAMETERS = ("fixed", "per_request", "prefill", "arrival_delay_ms")
+#: Coordinate-search units per parameter and stage (the first step, 0.4, moves the delay by 10 ms)
+#: and lower bounds.
+STAGES = ((1.0, 1.0, 1.0, 0.0), (1.0, 1.0, 1.0, 25.0))
+LOWER = np.array([-np.inf, -np.inf, -np.inf, 0.0])
 
 
 def calibrated(latency: StepLatency, theta: np.ndarray, source: str = "") -> StepLatency:
     """``latency`` with the parameters ``theta`` (``PARAMETERS`` order) applied."""
     fixed, per_request, prefill = np.exp(theta[:3])
     return replace(latency, k5=latency.k5 * fixed, l0=latency.l0 * fixed, k4=latency.k4 * per_request,
-                   l1=latency.l1 * per_request, kp=latency.kp * prefill, ka=float(theta[3]), kf=float(theta[4]),
-                   arrival_delay=float(theta[5]), source=source or latency.source)
+                   l1=latency.l1 * per_request, kp=latency.kp * prefill, arrival_delay=float(theta[3]),
+                   source=source or latency.source)
 
 
 def twin_result(profile: Profile, run: RecordedRun, duration_s: float, warmup_s: float) -> dict:
@@ -126,7 +124,8 @@ def _coordinate_search(f, theta: np.ndarray, units: tuple[float, ...], best: flo
 
 @dataclass(frozen=True)
 class Calibration:
-    """A fit's parameters (``PARAMETERS`` order) and its loss before, with the scales only and after."""
+    """A fit's parameters (``PARAMETERS`` order) and its loss before, with the scales only and after
+    (scales and arrival delay)."""
 
     theta: np.ndarray
     loss_before: float
@@ -136,7 +135,7 @@ class Calibration:
 
 def calibrate(profile: Profile, runs: list[RecordedRun], duration_s: float, warmup_s: float,
               max_rounds: int = 40) -> Calibration:
-    """Fit ``PARAMETERS`` to ``runs`` from the profile's own step latency (scales 1, no per-request terms)."""
+    """Fit ``PARAMETERS`` to ``runs`` from the profile's own step latency (scales 1, no arrival delay)."""
     base = profile.step_latency
 
     def f(theta: np.ndarray) -> float:
@@ -158,12 +157,11 @@ def calibrated_profile(profile: dict, runs: list[RecordedRun], duration_s: float
     micro = profile_from_dict(profile, where=f"profile {profile.get('profile_id')}")
     fit = calibrate(micro, runs, duration_s, warmup_s)
     fixed, per_request, prefill = np.exp(fit.theta[:3])
-    ka, kf, delay = (float(v) for v in fit.theta[3:])
+    delay = float(fit.theta[3])
     latency = calibrated(micro.step_latency, fit.theta, source=(
         f"micro-benchmark fit ({micro.step_latency.source}) scaled by {fixed:.3f} (k5, l0), {per_request:.3f} "
-        f"(k4, l1), {prefill:.3f} (kp), plus {ka:.3f} ms per admitted and {kf:.3f} ms per finished request and "
-        f"an arrival delay of {delay:.1f} ms, fitted to {len(runs)} calibration workloads "
-        f"(serving_harness/calibration.py)"))
+        f"(k4, l1), {prefill:.3f} (kp), plus an arrival delay of {delay:.1f} ms, fitted to {len(runs)} "
+        f"calibration workloads (serving_harness/calibration.py)"))
     return {
         **profile,
         "step_latency_ms": step_latency_to_dict(latency),
@@ -172,7 +170,7 @@ def calibrated_profile(profile: dict, runs: list[RecordedRun], duration_s: float
         "provenance": {**profile["provenance"], "calibration": {
             "workloads": len(runs), **meta, "duration_s": duration_s, "warmup_s": warmup_s,
             "scales": {"fixed": fixed, "per_request": per_request, "prefill": prefill},
-            "per_request_terms_ms": {"per_admitted_request": ka, "per_finished_request": kf, "arrival_delay": delay},
+            "arrival_delay_ms": delay,
             "loss_before": fit.loss_before, "loss_scales_only": fit.loss_scales_only, "loss_after": fit.loss_after}},
     }
 

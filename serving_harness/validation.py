@@ -381,7 +381,7 @@ def main() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print provenance.calibration as JSON.")
 @_user_errors
 def calibrate_command(profile_path, runs_dir, as_json) -> None:
-    """Refit the step latency's calibration (scales and per-request terms) to the stored runs.
+    """Refit the step latency's calibration (scales and arrival delay) to the stored runs.
 
     \b
     Example:
@@ -393,10 +393,8 @@ def calibrate_command(profile_path, runs_dir, as_json) -> None:
     if as_json:
         click.echo(json.dumps(fit, indent=1))
         return
-    terms = fit["per_request_terms_ms"]
     click.echo(f"wrote {profile_path}: scales " + ", ".join(f"{k} {v:.3f}" for k, v in fit["scales"].items())
-               + f"; {terms['per_admitted_request']:.3f} ms per admitted, {terms['per_finished_request']:.3f} ms "
-               f"per finished request, arrival delay {terms['arrival_delay']:.1f} ms; loss {fit['loss_before']:.4f} "
+               + f"; arrival delay {fit['arrival_delay_ms']:.1f} ms; loss {fit['loss_before']:.4f} "
                f"-> {fit['loss_scales_only']:.4f} (scales) -> {fit['loss_after']:.4f}")
 
 

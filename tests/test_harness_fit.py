@@ -97,7 +97,7 @@ def test_calibration_recovers_a_known_slowdown(make_profile):
     """Real runs made by the twin with a 1.5x slower step: the search finds the scale back."""
     prof = make_profile(**{"step_latency_ms": {"k4_ms_per_request": 0.5, "k5_ms": 8.0, "kp_ms_per_prompt_token": 0.02},
                            "engine.max_num_batched_tokens": 512})
-    slow = calibration.calibrated(prof.step_latency, np.array([*np.log([1.5, 1.5, 1.5]), 0.0, 0.0, 0.0]))
+    slow = calibration.calibrated(prof.step_latency, np.array([*np.log([1.5, 1.5, 1.5]), 0.0]))
     runs = []
     for i, rate in enumerate((5.0, 20.0, 60.0)):
         wl = Workload((Adapter("a", 8, rate, 50, 20), Adapter("b", 8, rate / 2, 80, 10)))

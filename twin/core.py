@@ -75,13 +75,6 @@ def step_ms(lat, b, prompt_tokens, n_adapters):
 
 
 @nb.njit(cache=True, inline="always")
-def event_ms(lat, n_admitted, n_finished):
-    """Cost (ms) of per-request events: ``lat[8]`` per admitted and ``lat[9]`` per finished request
-    (0 for profiles without event terms)."""
-    return lat[8] * n_admitted + lat[9] * n_finished if lat.shape[0] > 8 else 0.0
-
-
-@nb.njit(cache=True, inline="always")
 def scheduler_ms(sched, n_running, n_waiting, a_max):
     """Scheduler overhead (ms) of one step."""
     us = sched[0] * n_running + sched[1] * n_waiting + sched[2] * n_waiting * a_max / sched[4] + sched[3]
@@ -208,7 +201,7 @@ def simulate_core(
     ad_load_ms,  # per-adapter CPU->GPU load latency (ms)
     duration, a_max, usable_blocks, block_size, max_batched, max_num_seqs,
     full_prompt_admission,
-    lat,  # k4, k5, kp, k6, k7, l0, l1, l2[, ka, kf, arrival delay] (see twin.profile.StepLatency)
+    lat,  # k4, k5, kp, k6, k7, l0, l1, l2[, arrival delay: not read here] (see twin.profile.StepLatency)
     sched,  # k1, k2, k3, intercept (µs), n_served
     max_in_flight,  # client-side cap on requests in flight (0 = none)
     ts_dt,  # time-series sampling period, s (0 = off)
@@ -422,8 +415,7 @@ def simulate_core(
             last_used[a] = step
         b = float(nsched)
         prompt_tokens = float(n_tokens - n_decode)
-        ms = (step_ms(lat, b, prompt_tokens, n_batch_ads) + scheduler_ms(sched, nrun, n_waiting, a_max)
-              + event_ms(lat, nsched - n_sched_running, 0))
+        ms = step_ms(lat, b, prompt_tokens, n_batch_ads) + scheduler_ms(sched, nrun, n_waiting, a_max)
         dt = (ms + load_ms) / 1000.0
         t_end = now + dt
         busy_s += dt
@@ -450,10 +442,6 @@ def simulate_core(
                 else:
                     running[k] = r
                     k += 1
-            # Finished requests' tear-down follows the step that sampled their last token.
-            teardown_s = event_ms(lat, 0, nrun - k) / 1000.0
-            t_end += teardown_s
-            busy_s += teardown_s
             nrun = k
         now = t_end
         step += 1

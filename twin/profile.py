@@ -13,12 +13,9 @@ adapters among them. The study's model is ``kp = l0 = l1 = l2 = 0``; an additive
 0.8.5 pays ~0.06 ms per request for LoRA, far more than any per-token cost of a 2048-token step
 allows (see benchmarks/twin_fidelity.py).
 
-Per-request terms: ``ka`` (ms) of engine time per request a step admits from the waiting queue, and
-``kf`` per request it finishes, paid after the step's output (the final token is not delayed by
-it). ``arrival_delay`` (ms) is latency without engine time: a request joins the waiting queue that
-long after it arrives (the API server's HTTP handling, tokenising and hand-off to the engine). All
-three are 0 unless a calibration fitted them (serving_harness/calibration.py); the alternative
-serving policies (``twin.policies``) do not model ``ka`` and ``kf`` yet and refuse such a profile.
+``arrival_delay`` (ms) is latency without engine time: a request joins the waiting queue that long
+after it arrives (the API server's HTTP handling, tokenising and hand-off to the engine). It is 0
+unless a calibration fitted it (serving_harness/calibration.py).
 """
 
 from __future__ import annotations
@@ -118,7 +115,7 @@ class KVCapacity:
         for i in range(1, len(xs)):
             if a_max <= xs[i]:
                 x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
-                return int(round(y0 + (y1 - y0) * (a_max - x0) / (x1 - x0)))
+                return round(y0 + (y1 - y0) * (a_max - x0) / (x1 - x0))
         return None  # unreachable: a_max <= max_a_max <= last point
 
     def rank_for(self, adapter_rank: int) -> int | None:
@@ -141,8 +138,6 @@ class StepLatency:
     l0: float = 0.0
     l1: float = 0.0
     l2: float = 0.0
-    ka: float = 0.0
-    kf: float = 0.0
     arrival_delay: float = 0.0
     source: str = ""
 
@@ -153,14 +148,10 @@ class StepLatency:
         return ms
 
     def as_array(self) -> list[float]:
-        """The twin's coefficient array; the per-request terms are appended only when set, so
-        profiles without them keep their array (and their datasets' simulation hash)."""
+        """The twin's coefficient array; the arrival delay is appended only when set, so profiles
+        without it keep their array (and their datasets' simulation hash)."""
         base = [self.k4, self.k5, self.kp, self.k6, self.k7, self.l0, self.l1, self.l2]
-        return [*base, *self.per_request_terms] if any(self.per_request_terms) else base
-
-    @property
-    def per_request_terms(self) -> tuple[float, float, float]:
-        return self.ka, self.kf, self.arrival_delay
+        return [*base, self.arrival_delay] if self.arrival_delay else base
 
 
 @dataclass(frozen=True)
@@ -253,7 +244,7 @@ class Profile:
     backbone_max_throughput_tok_s: float | None = None
     policy_terms: PolicyTerms = field(default_factory=PolicyTerms)
 
-    def with_latency_variant(self, name: str) -> "Profile":
+    def with_latency_variant(self, name: str) -> Profile:
         """This profile with another step-latency model (e.g. the study's own constants)."""
         if name in ("", "default"):
             return self
@@ -322,7 +313,7 @@ class _Reader:
             return default
         return self.data[key]
 
-    def sub(self, key: str) -> "_Reader":
+    def sub(self, key: str) -> _Reader:
         return _Reader(self.get(key), self.where, self._name(key))
 
     def num(self, key: str, default: Any = ..., *, min_value: float | None = None, positive=False) -> float:
@@ -360,8 +351,6 @@ def _step_latency(r: _Reader) -> StepLatency:
         l0=r.num("l0_ms", 0.0),
         l1=r.num("l1_ms_per_request", 0.0),
         l2=r.num("l2_ms_per_adapter", 0.0),
-        ka=r.num("ka_ms_per_admitted_request", 0.0, min_value=0),
-        kf=r.num("kf_ms_per_finished_request", 0.0, min_value=0),
         arrival_delay=r.num("arrival_delay_ms", 0.0, min_value=0),
         source=r.str_("source", ""),
     )
@@ -371,9 +360,7 @@ def step_latency_to_dict(s: StepLatency) -> dict[str, Any]:
     return {
         "k4_ms_per_request": s.k4, "k5_ms": s.k5, "kp_ms_per_prompt_token": s.kp,
         "k6_pct_per_adapter": s.k6, "k7_pct": s.k7, "l0_ms": s.l0, "l1_ms_per_request": s.l1,
-        "l2_ms_per_adapter": s.l2,
-        **({"ka_ms_per_admitted_request": s.ka, "kf_ms_per_finished_request": s.kf, "arrival_delay_ms": s.arrival_delay}
-           if any(s.per_request_terms) else {}),
+        "l2_ms_per_adapter": s.l2, **({"arrival_delay_ms": s.arrival_delay} if s.arrival_delay else {}),
         "source": s.source,
     }
 
@@ -422,7 +409,7 @@ def profile_from_dict(raw: Any, where: str = "profile") -> Profile:
                 raise tok_raw.fail(f"{rank_s}[{i}]", f"must be a positive integer or null (got {v!r})")
             clean.append(v)
         seen = [v for v in clean if v is not None]
-        if any(b > a for a, b in zip(seen, seen[1:])):
+        if any(b > a for a, b in itertools.pairwise(seen)):
             raise tok_raw.fail(rank_s, "must not increase with a_max")
         tokens[int(rank_s)] = tuple(clean)
     if not tokens:

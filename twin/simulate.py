@@ -146,9 +146,6 @@ def simulate(
     if profile.step_latency.arrival_delay:
         arrival = arrival + profile.step_latency.arrival_delay / 1000.0  # the engine sees a request this late
     if config.policy is not None:
-        if profile.step_latency.ka or profile.step_latency.kf:
-            raise ProfileError(f"policy {config.policy.name} does not model the per-request event costs (ka, kf) "
-                               f"of profile {profile.profile_id} yet")
         from twin.policies.run import run_policy
 
         out, kv_tokens, stats = run_policy(config.policy, workload, profile, requests, arrival, load_ms, lat, sched,

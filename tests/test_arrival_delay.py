@@ -1,5 +1,5 @@
-"""Per-request terms of the step latency (event costs, arrival delay), their calibration and the
-offline re-calibration / re-scoring of stored runs (no vLLM)."""
+"""The step latency's arrival delay, its calibration and the offline re-calibration / re-scoring of
+stored runs (no vLLM)."""
 
 from __future__ import annotations
 
@@ -21,51 +21,47 @@ from twin.profile import profile_from_dict, step_latency_to_dict
 STEP_10MS = {"k4_ms_per_request": 0.0, "k5_ms": 10.0}
 
 
-def test_event_costs_and_arrival_delay_follow_the_model(make_profile):
+def test_arrival_delay_follows_the_model(make_profile):
     """Two requests arrive at 0 (prompt 10; 2 and 4 outputs), seen by the engine 20 ms later.
-    Step 1 admits both: 10 + 2*3 ms -> first tokens at 36 ms. Step 2 (10 ms) ends A at 46 ms, whose
-    tear-down takes 5 ms; B's tokens 3 and 4 come at 61 and 71 ms."""
-    prof = make_profile(step_latency_ms={**STEP_10MS, "ka_ms_per_admitted_request": 3.0,
-                                               "kf_ms_per_finished_request": 5.0, "arrival_delay_ms": 20.0})
+    Step 1 admits both: first tokens at 30 ms; A ends at 40 ms, B's tokens 3 and 4 come at 50 and 60 ms."""
+    prof = make_profile(step_latency_ms={**STEP_10MS, "arrival_delay_ms": 20.0})
     wl = Workload((Adapter("a", 8, 0.0),))
     res = simulate(wl, prof, SimConfig(a_max=1, duration_s=100), trace_requests(wl, [0.0, 0.0], ["a", "a"], [10, 10], [2, 4]))
-    assert res.ttft_ms_mean == pytest.approx(36.0)
-    assert res.itl_ms_mean == pytest.approx((10 + 10 + 15 + 10) / 4)
+    assert res.ttft_ms_mean == pytest.approx(30.0)
+    assert res.itl_ms_mean == pytest.approx(10.0)
     assert res.finished_requests == 2
 
 
-def test_profiles_without_per_request_terms_keep_their_array_hash_and_json():
+def test_profiles_without_arrival_delay_keep_their_array_hash_and_json():
     for profile_id, digest in (("h100-64gb-llama-3.1-8b", "233d37b17646cb82"), ("h100-64gb-qwen2.5-7b", "44475aeb5c90531c")):
         prof = load_profile(profile_id)
         assert len(prof.step_latency.as_array()) == 8 and simulation_hash(prof) == digest
-        assert "ka_ms_per_admitted_request" not in step_latency_to_dict(prof.step_latency)
+        assert "arrival_delay_ms" not in step_latency_to_dict(prof.step_latency)
         with_delay = replace(prof, step_latency=replace(prof.step_latency, arrival_delay=1.0))
-        assert with_delay.step_latency.as_array()[8:] == [0.0, 0.0, 1.0] and simulation_hash(with_delay) != digest
+        assert with_delay.step_latency.as_array()[8:] == [1.0] and simulation_hash(with_delay) != digest
 
 
-def test_per_request_terms_round_trip_and_must_not_be_negative():
-    d = make_profile_dict(step_latency_ms={**STEP_10MS, "kf_ms_per_finished_request": 2.5})
+def test_arrival_delay_round_trips_and_must_not_be_negative():
+    d = make_profile_dict(step_latency_ms={**STEP_10MS, "arrival_delay_ms": 2.5})
     lat = profile_from_dict(d).step_latency
-    assert (lat.ka, lat.kf, lat.arrival_delay) == (0.0, 2.5, 0.0)
+    assert lat.arrival_delay == 2.5
     assert profile_from_dict({**d, "step_latency_ms": step_latency_to_dict(lat)}).step_latency == lat
     d["step_latency_ms"]["arrival_delay_ms"] = -1.0
     with pytest.raises(ProfileError, match="arrival_delay_ms must be >= 0"):
         profile_from_dict(d)
 
 
-def test_policies_refuse_event_costs_but_take_the_arrival_delay(make_profile):
+def test_policies_take_the_arrival_delay(make_profile):
     wl = Workload((Adapter("a", 8, 1.0, 10, 2),))
     config = SimConfig(a_max=1, duration_s=10, policy=policy_from_name("chameleon"))
     delayed = make_profile(step_latency_ms={**STEP_10MS, "arrival_delay_ms": 20.0})
     plain = make_profile(step_latency_ms=STEP_10MS)
     assert simulate(wl, delayed, config).ttft_ms_mean == pytest.approx(simulate(wl, plain, config).ttft_ms_mean + 20.0)
-    with pytest.raises(ProfileError, match="does not model the per-request event costs"):
-        simulate(wl, make_profile(step_latency_ms={**STEP_10MS, "ka_ms_per_admitted_request": 1.0}), config)
 
 
 BASE_LATENCY = {"k4_ms_per_request": 0.5, "k5_ms": 8.0, "kp_ms_per_prompt_token": 0.02}
 #: The "real" engine of the synthetic runs: 1.2x the fixed term and a 30 ms arrival delay.
-TRUTH = np.array([np.log(1.2), 0.0, 0.0, 0.0, 0.0, 30.0])
+TRUTH = np.array([np.log(1.2), 0.0, 0.0, 30.0])
 
 
 def synthetic_runs(prof, seed0: int) -> list[calibration.RecordedRun]:
@@ -83,7 +79,7 @@ def test_calibration_recovers_an_arrival_delay(make_profile):
     prof = make_profile(**{"step_latency_ms": BASE_LATENCY, "engine.max_num_batched_tokens": 512})
     fit = calibration.calibrate(prof, synthetic_runs(prof, 0), 20.0, 2.0)
     assert fit.loss_after < 0.01 * fit.loss_scales_only
-    assert np.exp(fit.theta[0]) == pytest.approx(1.2, rel=0.05) and fit.theta[5] == pytest.approx(30.0, abs=2.0)
+    assert np.exp(fit.theta[0]) == pytest.approx(1.2, rel=0.05) and fit.theta[3] == pytest.approx(30.0, abs=2.0)
 
 
 def store_runs(work, runs: list[calibration.RecordedRun]) -> None:
@@ -121,9 +117,9 @@ def test_offline_calibrate_and_rescore_from_stored_runs(tmp_path, make_profile):
     assert out.exit_code == 0, out.output
     data = json.loads(path.read_text(encoding="utf-8"))
     fit = data["provenance"]["calibration"]
-    assert fit["per_request_terms_ms"]["arrival_delay"] == pytest.approx(30.0, abs=2.0)
+    assert fit["arrival_delay_ms"] == pytest.approx(30.0, abs=2.0)
     assert fit["command"].startswith("python -m serving_harness.validation") and "validation" not in data
-    assert data["step_latency_ms"]["arrival_delay_ms"] == fit["per_request_terms_ms"]["arrival_delay"]
+    assert data["step_latency_ms"]["arrival_delay_ms"] == fit["arrival_delay_ms"]
 
     out = runner.invoke(validation.main, ["rescore", "--profile", str(path), "--work-dir", str(val),
                                           "--out-dir", str(tmp_path / "out"), "--duration", "20", "--warmup", "2",
