@@ -5,7 +5,8 @@
 For each rate set (high/low/mixed) × rank set (high/low/mixed) × adapter count, every algorithm
 plans on ``--gpus`` GPUs with the predictor; each plan is then run GPU by GPU in the twin (the
 ground truth here: 3600 simulated s, Poisson arrivals) to see whether any GPU starves or would not
-start. Writes artifacts/benchmarks/placement_comparison[_<profile>].json with one row per
+start. Writes artifacts/benchmarks/placement_comparison_<profile>[_<predictor>].json (no suffix for the
+twin) with one row per
 (workload, algorithm) and the checks of issue 5: greedy plans never starve or exceed memory, use no
 more GPUs than paper-greedy, and fewer than maxbase/dlora where those hold.
 """
@@ -126,7 +127,8 @@ def main() -> None:
     result = {"profile": args.profile, "predictor": args.predictor, "gpus": args.gpus,
               "evaluation": f"twin, {args.duration:.0f} simulated s per GPU, Poisson, seed 1",
               "command": "python " + " ".join(sys.argv), "checks": checks(rows), "by_algorithm": by_algorithm(rows), "rows": rows}
-    out = args.out or ROOT / "artifacts" / "benchmarks" / f"placement_comparison_{args.profile}.json"
+    suffix = "" if args.predictor == "twin" else f"_{args.predictor}"
+    out = args.out or ROOT / "artifacts" / "benchmarks" / f"placement_comparison_{args.profile}{suffix}.json"
     write_json_atomic(out, result)
     print(json.dumps(result["checks"], indent=1))
 

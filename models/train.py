@@ -46,6 +46,9 @@ from twin.policies.spec import PolicySpec, policy_record
 
 MAX_RULES = 32
 SEED = 0
+#: SVM and KNN are tuned on a seeded sample of at most this many training rows: an SVM's fit grows with
+#: the square of the rows (431 s of search on 10,790 Llama rows), and neither model ships.
+DEFAULT_KERNEL_ROWS = 10_000
 #: The shipped forests of the reduced search: (scikit-learn estimator, trees) per task.
 SHIPPED_FOREST = {"regression": ("ExtraTreesRegressor", 16), "classification": ("RandomForestClassifier", 8)}
 
@@ -128,6 +131,14 @@ def split(X: np.ndarray, y: np.ndarray, test_fraction: float, seed: int = SEED) 
     n_test = round(test_fraction * X.shape[0])
     te, tr = idx[:n_test], idx[n_test:]
     return Split(X[tr], X[te], y[tr], y[te])
+
+
+def _sample(X: np.ndarray, y: np.ndarray, rows: int, seed: int = SEED) -> tuple[np.ndarray, np.ndarray]:
+    """A seeded sample of at most ``rows`` rows (0: all), in their original order."""
+    if not rows or X.shape[0] <= rows:
+        return X, y
+    keep = np.sort(np.random.default_rng(seed).choice(X.shape[0], rows, replace=False))
+    return X[keep], y[keep]
 
 
 def score(task: str, pred: np.ndarray, real: np.ndarray) -> float:
@@ -234,14 +245,15 @@ def _assert_identical(name: str, compiled: np.ndarray, reference: np.ndarray) ->
 
 def train_surrogates(dataset_paths, profile, out_dir, *, search: str = "reduced", models=("rf", "svm", "knn"),
                      jobs: int = 1, trials: int = 60, penalty: float = 1.0, test_fraction: float = 0.2,
-                     max_leaf_nodes: int | None = None, real_runs=None, command: str = "", log=print,
-                     policy: PolicySpec | None = None) -> dict[str, Any]:
+                     max_leaf_nodes: int | None = None, kernel_rows: int = DEFAULT_KERNEL_ROWS, real_runs=None,
+                     command: str = "", log=print, policy: PolicySpec | None = None) -> dict[str, Any]:
     """Train, evaluate, distil, compile and write the surrogate artifact of ``profile`` under serving
     ``policy`` (None: stock vLLM; the datasets must be built for the same); return its metadata.
 
     Every model is scored on held-out scenarios (and on ``real_runs``, a :class:`models.realruns.RealRuns`,
     when given); the shipped forests are the tuned ``rf`` forests (leaves at most ``max_leaf_nodes``,
     None or a bound of at least the training rows: unbounded), checked bit-identical after compiling.
+    SVM and KNN are tuned on at most ``kernel_rows`` training rows (0: all).
     """
     _sk()
     if policy is not None and real_runs is not None:
@@ -281,12 +293,13 @@ def train_surrogates(dataset_paths, profile, out_dir, *, search: str = "reduced"
         spaces = search_spaces(search, task, max_leaf_nodes)
         for name in models:
             est, grid = spaces[name]
-            r = tune(task, name, est, grid, sp.X_train, sp.y_train, jobs,
-                     exhaustive=name == "rf" and search == "reduced")
+            X_fit, y_fit = (sp.X_train, sp.y_train) if name == "rf" else _sample(sp.X_train, sp.y_train, kernel_rows)
+            r = tune(task, name, est, grid, X_fit, y_fit, jobs, exhaustive=name == "rf" and search == "reduced")
             pred, us = predict_timed(r["estimator"], sp.X_test)
             entry = {k: v for k, v in r.items() if k != "estimator"}
             entry["estimator"] = type(r["estimator"]).__name__
             entry["sklearn_us_per_row"] = us
+            entry["train_rows"] = int(X_fit.shape[0])
             entry.update(_evaluate(task, pred, sp, real_X, real_runs, r["estimator"]))
             results[target][name] = entry
             log(f"  {target:10} {name:4} cv {entry['cv_score']:.4f} held-out {entry['held_out']:.4f}"
@@ -323,7 +336,7 @@ def train_surrogates(dataset_paths, profile, out_dir, *, search: str = "reduced"
                     "files": [{k: f.get(k) for k in ("rows", "grid_scenarios", "complete", "grid")}
                               for f in ds.metadata["files"]]},
         "training": {"search": search, "models": list(models), "cv_folds": 5, "seed": SEED,
-                     "test_fraction": test_fraction, "max_leaf_nodes": max_leaf_nodes,
+                     "test_fraction": test_fraction, "max_leaf_nodes": max_leaf_nodes, "kernel_rows": kernel_rows,
                      "shipped_forests": {t: type(est).__name__ for t, est in best_rf.items()}, "optuna_trials": trials,
                      "complexity_penalty": penalty, "max_rules": MAX_RULES},
         "results": results,

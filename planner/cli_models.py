@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from models.train import DEFAULT_KERNEL_ROWS
 from planner.cli_common import policy_from_cli, policy_options, print_json, user_errors
 
 EPILOG_BUILD = """\b
@@ -95,15 +96,18 @@ def build(profile_id, grid, out, duration, jobs, backend, address, limit, policy
               help="Optuna trials per small tree.")
 @click.option("--penalty", type=click.FloatRange(min=0), default=1.0, show_default=True,
               help="Complexity penalty: error points charged for a small tree using all 32 rules.")
-@click.option("--max-leaf-nodes", type=click.IntRange(min=2), default=2048, show_default=True,
-              help="Leaf bound of each shipped forest tree (artifact size, latency).")
+@click.option("--max-leaf-nodes", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Leaf bound of each shipped forest tree (artifact size, latency); 0: unbounded, as shipped.")
+@click.option("--kernel-rows", type=click.IntRange(min=0), default=DEFAULT_KERNEL_ROWS, show_default=True,
+              help="Tune SVM and KNN on a seeded sample of at most this many training rows (0: all); an SVM's "
+                   "fit grows with the square of the rows. The forests always see every row.")
 @click.option("--test-fraction", type=click.FloatRange(0.05, 0.5), default=0.2, show_default=True)
 @click.option("--real-runs", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Real-run CSV of the same profile to score against (real_runs_qwen.csv format).")
 @click.option("--json", "as_json", is_flag=True, help="Print the artifact metadata as JSON.")
 @user_errors
 def train(datasets, profile_id, policy, policy_params, out, search, models, jobs, trials, penalty, max_leaf_nodes,
-          test_fraction, real_runs, as_json) -> None:
+          kernel_rows, test_fraction, real_runs, as_json) -> None:
     """Train, evaluate, distil and compile the surrogates of one profile.
 
     Tunes RF, SVM and KNN (HalvingGridSearchCV, 5-fold) for throughput and starvation, scores them
@@ -116,6 +120,8 @@ def train(datasets, profile_id, policy, policy_params, out, search, models, jobs
     from models.train import train_surrogates
     from twin import load_profile
 
+    if max_leaf_nodes == 1:
+        raise click.BadParameter("a tree needs at least 2 leaves (0: unbounded)", param_hint="--max-leaf-nodes")
     profile = load_profile(profile_id)
     policy_spec = policy_from_cli(policy, policy_params)
     names = tuple(m.strip() for m in models.split(",") if m.strip())
@@ -126,7 +132,8 @@ def train(datasets, profile_id, policy, policy_params, out, search, models, jobs
     out_dir = out or surrogate_dir(profile.profile_id, policy_spec)
     log = (lambda _msg: None) if as_json else (lambda msg: click.echo(msg, err=True))
     meta = train_surrogates(list(datasets), profile, out_dir, search=search, models=names, jobs=jobs, trials=trials,
-                            penalty=penalty, test_fraction=test_fraction, max_leaf_nodes=max_leaf_nodes,
+                            penalty=penalty, test_fraction=test_fraction, max_leaf_nodes=max_leaf_nodes or None,
+                            kernel_rows=kernel_rows,
                             real_runs=runs, command="planner " + shlex.join(sys.argv[1:]), log=log,
                             policy=policy_spec)
     if as_json:

@@ -14,7 +14,7 @@ from functools import cached_property
 
 import numpy as np
 
-from models.predictor import GpuScenario, Predictor
+from models.predictor import GpuScenario, Predictions, Predictor
 from twin.errors import InfeasibleError
 from twin.policies.memory import UnifiedPool, kv_capacity
 from twin.policies.spec import PolicySpec
@@ -38,6 +38,9 @@ class PackRequest:
     seed: int = 0
     policy: PolicySpec | None = None  # the predictor's serving policy; None: stock vLLM
     margin: float = 0.0  # a GPU passes only if predicted to keep up with (1 + margin) x its load
+    # ... and, when > 0, predicted to serve at least this fraction of that load (the twin confirmation's
+    # bar, above the 90 % of the starvation rule: packing to it spares confirmation rounds)
+    min_ratio: float = 0.0
 
     @classmethod
     def build(cls, workload: Workload, profile: Profile, predictor: Predictor, max_gpus: int,
@@ -140,7 +143,7 @@ def best_a_max(req: PackRequest, shares: dict[int, float]) -> GroupVerdict:
         return GroupVerdict(False)
     scale = 1.0 + req.margin
     nominal = req.predictor.predict([group_scenario(req, shares, a, scale) for a in cands])
-    keep = [a for a, s in zip(cands, nominal.starved) if not s]
+    keep = [a for a, ok in zip(cands, passing(req, nominal)) if ok]
     if not keep:
         return GroupVerdict(False)
     if len(keep) == 1:
@@ -156,7 +159,16 @@ def keeps_up(req: PackRequest, shares: dict[int, float], a_max: int, max_lora_ra
     if int(req.ranks[list(shares)].max()) > max_lora_rank or req.kv.tokens_for(a_max, max_lora_rank) is None:
         return False
     scen = group_scenario(req, shares, a_max, 1.0 + req.margin, max_lora_rank=max_lora_rank)
-    return not bool(req.predictor.predict([scen]).starved[0])
+    return bool(passing(req, req.predictor.predict([scen]))[0])
+
+
+def passing(req: PackRequest, pred: Predictions) -> np.ndarray:
+    """Which predicted scenarios a group may be packed as: not starving, and serving ``req.min_ratio``
+    of the load the predictor saw."""
+    ok = ~np.asarray(pred.starved, bool)
+    if req.min_ratio > 0:
+        ok &= pred.throughput_tok_s >= req.min_ratio * pred.arriving_tok_s
+    return ok
 
 
 def priority_order(ranks: np.ndarray, rates: np.ndarray) -> list[int]:

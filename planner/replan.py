@@ -9,6 +9,9 @@
 4. With ``confirm`` (a surrogate's re-plan, as `planner replan` does by default), every GPU is run
    in the twin; while one falls short (or misses a TTFT limit) steps 1-3 rerun with a load margin,
    and previous instances that fell short give up all their adapters to be placed anew.
+5. A previous instance left with nothing (its adapters gone, or given up in step 4) lends its GPU
+   to the new group sharing most adapters with it: a restart (or only loads and unloads, when the
+   settings match) instead of stopping one engine and starting another.
 
 The result carries a ``changes`` section: per instance the adapters to load and unload and whether
 the engine must restart (``--max-loras``, ``--max-lora-rank`` and ``--max-cpu-loras`` are start-up
@@ -76,19 +79,43 @@ def replan(previous: Placement, workload_path, req: PackRequest, split_hot: bool
         labelled = assign(req, set())
     slots = state["slots"]
     instances = build_instances(req, [g for _, g in labelled])
+    restarted = {s.prev.instance_id for s in slots if s.restarts()}
     for inst, slot in zip(instances, slots):
         inst.instance_id = slot.prev.instance_id
         if not slot.restarts():
             inst.max_cpu_loras = slot.prev.max_cpu_loras
-    next_id = 1 + max((_instance_number(p.instance_id) for p in previous.instances), default=-1)
-    for k, inst in enumerate(instances[len(slots):]):
-        inst.instance_id = f"gpu-{next_id + k}"
+    restarted |= _name_new_instances(previous, instances[len(slots):], {s.prev.instance_id for s in slots})
+    instances.sort(key=lambda i: _instance_number(i.instance_id))
     inputs = plan_inputs(workload_path, req, "greedy", 0.0)
     if confirmation is not None:
         inputs["confirmation"] = confirmation.to_dict()
     placement = Placement(inputs, instances, adapter_rows(req), engine_settings(req.profile))
-    placement.changes = changes(previous, placement, {s.prev.instance_id for s in slots if s.restarts()})
+    placement.changes = changes(previous, placement, restarted)
     return placement
+
+
+def _name_new_instances(previous: Placement, new: list[InstancePlan], kept: set[str]) -> set[str]:
+    """Name the new instances, reusing the GPUs of previous instances that keep nothing (emptied, or
+    given up by the confirmation): each such GPU takes the new group sharing most adapters with it,
+    so it unloads and loads the fewest. Returns the reused ids whose engine must restart."""
+    free = [p for p in previous.instances if p.instance_id not in kept]
+    unnamed = list(new)
+    restarted: set[str] = set()
+    for prev in free:
+        if not unnamed:
+            break
+        inst = max(unnamed, key=lambda i: len(set(i.adapters) & set(prev.adapters)))  # first on ties
+        unnamed.remove(inst)
+        inst.instance_id = prev.instance_id
+        if (inst.a_max, inst.max_lora_rank) == (prev.a_max, prev.max_lora_rank) and \
+                max(len(inst.adapters), inst.a_max) <= prev.max_cpu_loras:
+            inst.max_cpu_loras = prev.max_cpu_loras
+        else:
+            restarted.add(prev.instance_id)
+    next_id = 1 + max((_instance_number(p.instance_id) for p in previous.instances), default=-1)
+    for k, inst in enumerate(unnamed):
+        inst.instance_id = f"gpu-{next_id + k}"
+    return restarted
 
 
 def _assign(previous: Placement, req: PackRequest, split_hot: bool,

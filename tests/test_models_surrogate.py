@@ -31,7 +31,7 @@ def artifact(tmp_path_factory):
     ds = build_dataset(prof, GridSpec.from_dict(GRID), root / "d.parquet", jobs=2, progress=False)
     out = root / "surrogates" / LLAMA
     meta = train_surrogates([ds.out], prof, out, models=("rf", "knn"), trials=3, max_leaf_nodes=32,
-                            log=lambda _m: None)
+                            kernel_rows=100, log=lambda _m: None)
     return root, out, meta
 
 
@@ -52,6 +52,11 @@ def test_metadata_reports_every_model_and_the_compiled_forests(artifact):
     assert meta["training"]["shipped_forests"] == {"throughput": "ExtraTreesRegressor",
                                                    "starved": "RandomForestClassifier"}
     assert meta["training"]["max_leaf_nodes"] == 32
+    # KNN is tuned on the capped sample, the shipped forest on every training row.
+    assert meta["training"]["kernel_rows"] == 100
+    for target in ("throughput", "starved"):
+        assert meta["results"][target]["knn"]["train_rows"] == 100
+        assert meta["results"][target]["rf"]["train_rows"] > 100
     for target, task in (("throughput", "regression"), ("starved", "classification")):
         compiled = meta["compiled"][f"full_{target}"]
         assert compiled["trees"] == SHIPPED_FOREST[task][1] and compiled["rules"] <= 32 * compiled["trees"]

@@ -1,6 +1,6 @@
 """Twin confirmation of surrogate plans (planner.confirm): GPUs that fall short are packed again.
 
-The predictor here is the shipped Llama surrogate told 40 % less traffic than arrives: a real model
+The predictor here is the shipped Llama surrogate told 60 % less traffic than arrives: a real model
 made optimistic on purpose, so its plans starve in the twin whatever the surrogate's own accuracy.
 """
 
@@ -27,7 +27,7 @@ PROFILE = "h100-64gb-llama-3.1-8b"
 @dataclass
 class Optimistic:
     base: object
-    factor: float = 0.6
+    factor: float = 0.4
     kind: str = "optimistic-surrogate"
 
     @property

@@ -17,6 +17,7 @@ from planner.render import render_table, render_vllm
 from planner.replan import AlreadyRunningError, exclusive, replan
 from tests.planner_helpers import CapacityPredictor, workload
 from twin import BadInputError, load_profile
+from twin.workload import Adapter, Workload
 
 SMALL = "datasets/workloads/small-8-adapters.csv"
 
@@ -112,6 +113,23 @@ def test_replan_moves_little_and_reports_changes(tmp_path, profile):
     assert set(ch["added_adapters"]) <= loaded
     before = {i.instance_id for i in p.instances}
     assert {c["instance_id"] for c in ch["instances"] if c["status"] == "kept"} <= before
+
+
+def test_replan_gives_an_emptied_gpu_to_a_new_group(tmp_path, profile):
+    csv, p = plan_for(tmp_path, profile, [1.0] * 25)
+    gone = set(p.instances[0].adapters)  # every adapter of the first GPU leaves the workload ...
+    kept = [a for a in workload([1.0] * 25).adapters if a.adapter_id not in gone]
+    fresh = [Adapter(f"new-{i}", 8, 1.0, 60.0, 40.0) for i in range(len(gone))]  # ... and as many new ones arrive
+    req = PackRequest.build(Workload(tuple(kept + fresh)), profile, CapacityPredictor(), 1000)
+    new = replan(p, csv, req)
+    ch = new.changes
+    first = p.instances[0].instance_id
+    assert ch["removed_instances"] == [] and ch["new_instances"] == []  # a reload on the same GPU, not stop + start
+    entry = next(c for c in ch["instances"] if c["instance_id"] == first)
+    assert set(entry["unload"]) == gone and entry["load"]  # new adapters, after the others' spare room filled up
+    assert {a for c in ch["instances"] for a in c["load"]} == {a.adapter_id for a in fresh}
+    assert [i.instance_id for i in new.instances] == [i.instance_id for i in p.instances]
+    assert all(i.ok for i in new.instances)
 
 
 def test_replan_lock_refuses_a_live_holder_and_takes_over_a_stale_one(tmp_path):
