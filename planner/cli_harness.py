@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import shlex
 import sys
-import time
 from pathlib import Path
 
 import click
@@ -187,10 +185,9 @@ def validate(profile_id, model_dir, cases, duration, warmup, seed, work_dir, out
     Example:
       planner validate --profile cpu-2core-tiny-llama --model work/tiny/model --cases 32
     """
-    from serving_harness.validation import Validator, report
-    from twin.atomic import write_json_atomic
+    from serving_harness.validation import Validator, record_summary, report, run_meta
     from twin.errors import BadInputError
-    from twin.profile import artifacts_dir, load_profile, profiles_dir
+    from twin.profile import artifacts_dir, load_profile
 
     prof = load_profile(profile_id)
     model = model_dir or prof.model.get("path")
@@ -200,20 +197,9 @@ def validate(profile_id, model_dir, cases, duration, warmup, seed, work_dir, out
     out = Path(out_dir) if out_dir else artifacts_dir() / "validation" / prof.profile_id
     validator = Validator(prof, str(Path(model)), work, duration, warmup, python, _progress_bar("validating"))
     rows = validator.compare(validator.run(validator.workload_set(cases, seed)))
-    summary = report(rows, out, prof.profile_id, {
-        "command": _command_line(), "duration_s": duration, "warmup_s": warmup, "seed": seed,
-        "window_convention": "arrivals over [0, duration); requests finished in [warmup, duration] count",
-        "smape": "100*mean(2|twin-real|/(|twin|+|real|))",
-    })
+    summary = report(rows, out, prof.profile_id, run_meta(_command_line(), duration, warmup, seed))
     if record:
-        path = Path(profile_id) if Path(profile_id).is_file() else profiles_dir() / f"{prof.profile_id}.json"
-        data = json.loads(path.read_text(encoding="utf-8"))
-        table = (out / "table.json").resolve()
-        root = artifacts_dir().resolve().parent
-        data["validation"] = {**summary, "table": str(table.relative_to(root) if table.is_relative_to(root) else table),
-                              "command": _command_line(),
-                              "date": time.strftime("%Y-%m-%d")}
-        write_json_atomic(path, data)
+        record_summary(profile_id, prof, summary, out / "table.json", _command_line())
     if as_json:
         print_json(summary)
         return

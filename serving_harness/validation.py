@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import csv
-import functools
 import io
 import json
 import os
@@ -27,17 +26,19 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import click
 import numpy as np
 
+from planner.cli_common import user_errors
 from serving_harness.calibration import load_runs, recalibrate, twin_result
 from serving_harness.engine import Engine, EngineConfig
 from serving_harness.loadgen import measure, run_load, summarise
 from serving_harness.metrics import fetch_samples, series_values
 from serving_harness.synth import model_shape, write_adapters
 from twin.atomic import json_safe, write_bytes_atomic, write_json_atomic, write_text_atomic
-from twin.errors import BadInputError, LoraPlannerError
+from twin.errors import BadInputError
 from twin.metrics import smape
 from twin.profile import Profile, artifacts_dir, load_profile, profiles_dir
 from twin.simulate import SimConfig, simulate
@@ -317,8 +318,17 @@ def report(rows: list[dict], out_dir: str | os.PathLike, profile_id: str, meta: 
     return summary
 
 
-def record_summary(profile_path: Path, summary: dict, table: Path, command: str) -> None:
-    """Store a validation ``summary`` (and where its ``table`` is) in the profile JSON's ``validation``."""
+def run_meta(command: str, duration: float, warmup: float, seed: int | None) -> dict[str, Any]:
+    """How a validation table was made: the metadata stored beside its figures."""
+    return {"command": command, "duration_s": duration, "warmup_s": warmup, "seed": seed,
+            "window_convention": "arrivals over [0, duration); requests finished in [warmup, duration] count",
+            "smape": "100*mean(2|twin-real|/(|twin|+|real|))"}
+
+
+def record_summary(profile_id: str, profile: Profile, summary: dict, table: Path, command: str) -> None:
+    """Store a validation ``summary`` (and where its ``table`` is) in the ``validation`` field of the
+    profile JSON (``profile_id`` when it is a path, else the shipped profile)."""
+    profile_path = Path(profile_id) if Path(profile_id).is_file() else profiles_dir() / f"{profile.profile_id}.json"
     data = json.loads(profile_path.read_text(encoding="utf-8"))
     table, root = table.resolve(), artifacts_dir().resolve().parent
     where = table.relative_to(root) if table.is_relative_to(root) else table
@@ -347,20 +357,6 @@ def _command_line() -> str:
     return shlex.join(["python", "-m", "serving_harness.validation", *sys.argv[1:]])
 
 
-def _user_errors(fn):
-    """One-line messages and the error's exit code instead of tracebacks."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except LoraPlannerError as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(exc.exit_code)
-
-    return wrapper
-
-
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """Recompute a profile's calibration and validation table from stored real runs, without vLLM.
@@ -379,7 +375,7 @@ def main() -> None:
 @click.option("--runs", "runs_dir", type=click.Path(exists=True, file_okay=False), default=None,
               help="Calibration runs [default: the profile's provenance.calibration.runs].")
 @click.option("--json", "as_json", is_flag=True, help="Print provenance.calibration as JSON.")
-@_user_errors
+@user_errors
 def calibrate_command(profile_path, runs_dir, as_json) -> None:
     """Refit the step latency's calibration (scales and arrival delay) to the stored runs.
 
@@ -410,7 +406,7 @@ def calibrate_command(profile_path, runs_dir, as_json) -> None:
               help="Seconds excluded from the measurement window.")
 @click.option("--record", is_flag=True, help="Also store the summary in the profile JSON's `validation` field.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-@_user_errors
+@user_errors
 def rescore_command(profile_id, work_dir, out_dir, duration, warmup, record, as_json) -> None:
     """Score the profile's twin against the real runs stored in --work-dir (table, CSV, plot).
 
@@ -424,14 +420,9 @@ def rescore_command(profile_id, work_dir, out_dir, duration, warmup, record, as_
     saved = work / "workloads.json"
     seed = json.loads(saved.read_text(encoding="utf-8"))["seed"] if saved.is_file() else None
     out = Path(out_dir) if out_dir else artifacts_dir() / "validation" / prof.profile_id
-    summary = report(rows, out, prof.profile_id, {
-        "command": _command_line(), "duration_s": duration, "warmup_s": warmup, "seed": seed,
-        "window_convention": "arrivals over [0, duration); requests finished in [warmup, duration] count",
-        "smape": "100*mean(2|twin-real|/(|twin|+|real|))",
-    })
+    summary = report(rows, out, prof.profile_id, run_meta(_command_line(), duration, warmup, seed))
     if record:
-        path = Path(profile_id) if Path(profile_id).is_file() else profiles_dir() / f"{prof.profile_id}.json"
-        record_summary(path, summary, out / "table.json", _command_line())
+        record_summary(profile_id, prof, summary, out / "table.json", _command_line())
     if as_json:
         click.echo(json.dumps(json_safe(summary), indent=1))
         return
