@@ -243,7 +243,7 @@ def replan(workload, previous_file, out, profile_id, gpus, predictor_kind, headr
         opts = PlanOptions(gpus=gpus, headroom=headroom, **confirm_settings(confirm, max_ttft, jobs))
         req = pack_request(wl, profile, load_predictor_for(profile, predictor_kind, policy), opts)
         placement = run_replan(previous, workload, req, split_hot=split_hot, confirm=confirms(req, opts),
-                               jobs=opts.jobs, max_ttft_s=max_ttft, progress=lambda msg: click.echo(msg, err=True))
+                               jobs=opts.jobs, max_ttft_s=opts.max_ttft_s, progress=lambda msg: click.echo(msg, err=True))
         doc = placement.to_dict()
         write_json_atomic(out, doc)
     if as_json:

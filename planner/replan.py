@@ -42,10 +42,6 @@ class _Slot:
         self.group = GpuGroup(dict(shares), prev.a_max)
         self.max_lora_rank = prev.max_lora_rank
 
-    def restarts(self) -> bool:
-        return (self.group.a_max != self.prev.a_max or self.max_lora_rank != self.prev.max_lora_rank
-                or max(len(self.group), self.group.a_max) > self.prev.max_cpu_loras)
-
     def try_settle(self, req: PackRequest, shares: dict[int, float]) -> bool:
         """Accept ``shares`` if they keep up: with the current settings if possible, else the best A_max."""
         if keeps_up(req, shares, self.prev.a_max, self.prev.max_lora_rank):
@@ -79,11 +75,7 @@ def replan(previous: Placement, workload_path, req: PackRequest, split_hot: bool
         labelled = assign(req, set())
     slots = state["slots"]
     instances = build_instances(req, [g for _, g in labelled])
-    restarted = {s.prev.instance_id for s in slots if s.restarts()}
-    for inst, slot in zip(instances, slots):
-        inst.instance_id = slot.prev.instance_id
-        if not slot.restarts():
-            inst.max_cpu_loras = slot.prev.max_cpu_loras
+    restarted = {slot.prev.instance_id for inst, slot in zip(instances, slots) if _take_over(inst, slot.prev)}
     restarted |= _name_new_instances(previous, instances[len(slots):], {s.prev.instance_id for s in slots})
     instances.sort(key=lambda i: _instance_number(i.instance_id))
     inputs = plan_inputs(workload_path, req, "greedy", 0.0)
@@ -92,6 +84,18 @@ def replan(previous: Placement, workload_path, req: PackRequest, split_hot: bool
     placement = Placement(inputs, instances, adapter_rows(req), engine_settings(req.profile))
     placement.changes = changes(previous, placement, restarted)
     return placement
+
+
+def _take_over(inst: InstancePlan, prev: InstancePlan) -> bool:
+    """Run ``inst`` on ``prev``'s GPU (its id); return whether the engine must restart. ``--max-loras``,
+    ``--max-lora-rank`` and ``--max-cpu-loras`` are start-up settings: without a restart the engine keeps
+    its ``--max-cpu-loras``, which must then hold every adapter."""
+    inst.instance_id = prev.instance_id
+    restart = ((inst.a_max, inst.max_lora_rank) != (prev.a_max, prev.max_lora_rank)
+               or max(len(inst.adapters), inst.a_max) > prev.max_cpu_loras)
+    if not restart:
+        inst.max_cpu_loras = prev.max_cpu_loras
+    return restart
 
 
 def _name_new_instances(previous: Placement, new: list[InstancePlan], kept: set[str]) -> set[str]:
@@ -106,11 +110,7 @@ def _name_new_instances(previous: Placement, new: list[InstancePlan], kept: set[
             break
         inst = max(unnamed, key=lambda i: len(set(i.adapters) & set(prev.adapters)))  # first on ties
         unnamed.remove(inst)
-        inst.instance_id = prev.instance_id
-        if (inst.a_max, inst.max_lora_rank) == (prev.a_max, prev.max_lora_rank) and \
-                max(len(inst.adapters), inst.a_max) <= prev.max_cpu_loras:
-            inst.max_cpu_loras = prev.max_cpu_loras
-        else:
+        if _take_over(inst, prev):
             restarted.add(prev.instance_id)
     next_id = 1 + max((_instance_number(p.instance_id) for p in previous.instances), default=-1)
     for k, inst in enumerate(unnamed):
