@@ -75,18 +75,17 @@ def _full_row(t_nodes, t_thresholds, t_leaf_row, t_leaf_value, t_roots,
     forest_row(s_nodes, s_thresholds, s_leaf_row, s_leaf_value, s_roots, x, out_s)
 
 
-def full_row_us(t, s, x32: np.ndarray, repeats: int) -> float:
-    pt, ps = t.packed, s.packed
-    out_t, out_s = np.empty(t.leaf_value.shape[1]), np.empty(s.leaf_value.shape[1])
+def full_row_us(pt, ps, x32: np.ndarray, repeats: int) -> float:
+    out_t, out_s = np.empty(pt.leaf_value.shape[1]), np.empty(ps.leaf_value.shape[1])
     return best_of(lambda: _full_row(pt.nodes, pt.thresholds, pt.leaf_row, pt.leaf_value, pt.roots, ps.nodes,
                                      ps.thresholds, ps.leaf_row, ps.leaf_value, ps.roots, x32, out_t, out_s),
                    repeats, 20000) * 1e6
 
 
-def model_speed(forest, X: np.ndarray, repeats: int, threads: int) -> dict:
-    packed = forest.packed
+def model_speed(packed, X: np.ndarray, repeats: int, threads: int) -> dict:
+    """Timings of one forest in the evaluation layout (models.trees.PackedForest)."""
     X32 = np.ascontiguousarray(X, dtype=np.float32)
-    out = np.empty(forest.leaf_value.shape[1])
+    out = np.empty(packed.leaf_value.shape[1])
     x32 = X32[0]
     rows = X32[:1000]
 
@@ -94,12 +93,12 @@ def model_speed(forest, X: np.ndarray, repeats: int, threads: int) -> dict:
         for x in rows:
             packed.row(x, out)
 
-    batch = best_of(lambda: forest.predict_raw(X), repeats, 3)
-    return {"trees": forest.n_trees, "nodes": forest.n_nodes, "leaves": forest.n_leaves,
+    batch = best_of(lambda: packed.predict_raw(X), repeats, 3)
+    return {"trees": packed.n_trees, "nodes": packed.n_nodes, "leaves": packed.n_leaves,
             "single_row_us": best_of(lambda: packed.row(x32, out), repeats, 20000) * 1e6,
             "single_row_varying_us": best_of(varying, repeats, 3) / len(rows) * 1e6,
             "per_row_in_batch_ns": batch / X.shape[0] * 1e9, "batch_ms": batch * 1e3,
-            "batch_threads_ms": best_of(lambda: forest.predict_raw(X, threads), repeats, 3) * 1e3}
+            "batch_threads_ms": best_of(lambda: packed.predict_raw(X, threads), repeats, 3) * 1e3}
 
 
 def measure(profile_id: str, kind: str, rows: int, repeats: int, threads: int) -> dict:

@@ -9,8 +9,8 @@ A :class:`Predictor` answers for a batch of :class:`GpuScenario`. Backends:
 * ``small-tree`` — the distilled trees of at most 32 rules from the same artifact.
 
 Every predictor answers for one serving policy (``policy``: a :class:`twin.policies.PolicySpec`,
-None for stock vLLM). :func:`default_predictor_kind` picks ``surrogate`` when a usable artifact
-for that profile and policy exists, else ``twin``.
+None for stock vLLM). :func:`default_predictor` gives the ``surrogate`` when a usable artifact
+for that profile and policy exists, else the ``twin``.
 
 Memory feasibility is not a prediction: callers check ``twin.policies.kv_capacity(profile,
 policy).tokens_for`` first; a scenario the engine cannot start with raises
@@ -146,12 +146,10 @@ def load_predictor(profile: Profile, kind: str = "twin", policy: PolicySpec | No
     return factory(profile, policy)
 
 
-def default_predictor_kind(profile: Profile, policy: PolicySpec | None = None) -> str:
-    """"surrogate" when a surrogate artifact for this very profile and policy loads, else "twin"."""
-    from models.surrogate import load_artifact
-
+def default_predictor(profile: Profile, policy: PolicySpec | None = None) -> Predictor:
+    """The ``surrogate`` when an artifact for this very profile and policy loads, else the ``twin``
+    (the artifact is read once: it is the largest file a plan reads)."""
     try:
-        load_artifact(profile, policy=policy)
+        return _surrogate("surrogate")(profile, policy)
     except ProfileError:
-        return "twin"
-    return "surrogate"
+        return _twin(profile, policy)

@@ -30,6 +30,7 @@ import numba
 import numpy as np
 
 from models.features import ARRIVING, FEATURES, N_FEATURES, SATURATION, engine_terms, fill_features, throughput_base
+from models.packed_cache import load_packed, store_packed
 from models.predictor import GpuScenario, Predictions
 from models.trees import FlatForest, forest_row
 from twin.atomic import write_bytes_atomic, write_json_atomic
@@ -105,13 +106,18 @@ class SurrogateArtifact:
     forests: dict[str, FlatForest]
 
 
-def load_artifact(profile: Profile, directory: str | Path | None = None,
-                  policy: PolicySpec | None = None) -> SurrogateArtifact:
-    """The artifact of ``profile`` under serving ``policy`` (None: stock vLLM); ProfileError if none fits."""
+def _rebuild_hint(profile: Profile, policy: PolicySpec | None) -> tuple[str, str]:
+    train = f"planner train --profile {profile.profile_id}" + ("" if policy is None else f" --policy {policy.name}")
+    return train, f"rebuild it with `{train}`"
+
+
+def artifact_metadata(profile: Profile, directory: str | Path | None = None,
+                      policy: PolicySpec | None = None) -> dict[str, Any]:
+    """The metadata of ``profile``'s artifact under serving ``policy`` (None: stock vLLM), checked
+    against the profile, the policy and this feature set; ProfileError if it does not fit."""
     d = Path(directory) if directory else surrogate_dir(profile.profile_id, policy)
     record = policy_record(policy)
-    train = f"planner train --profile {profile.profile_id}" + ("" if policy is None else f" --policy {policy.name}")
-    rebuild = f"rebuild it with `{train}`"
+    train, rebuild = _rebuild_hint(profile, policy)
     if not has_artifact(profile, d):
         what = "" if policy is None else f" under policy {policy_label(record)}"
         raise ProfileError(f"no surrogate for profile {profile.profile_id}{what} in {d}; build one with "
@@ -134,6 +140,17 @@ def load_artifact(profile: Profile, directory: str | Path | None = None,
     if meta.get("features") != list(FEATURES):
         raise ProfileError(f"{d}: surrogate uses features {meta.get('features')}, this lora-planner computes "
                            f"{list(FEATURES)}; {rebuild}")
+    if not isinstance(meta.get("arrays_sha256"), str):
+        raise ProfileError(f"{d / METADATA_FILE}: no arrays_sha256; {rebuild}")
+    return meta
+
+
+def load_artifact(profile: Profile, directory: str | Path | None = None,
+                  policy: PolicySpec | None = None) -> SurrogateArtifact:
+    """The artifact of ``profile`` under serving ``policy`` (None: stock vLLM); ProfileError if none fits."""
+    d = Path(directory) if directory else surrogate_dir(profile.profile_id, policy)
+    meta = artifact_metadata(profile, d, policy)
+    rebuild = _rebuild_hint(profile, policy)[1]
     try:
         with np.load(d / ARRAYS_FILE, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
@@ -170,11 +187,15 @@ class SurrogatePredictor:
         self.policy = policy
         self.threads = threads
         self._capacity = kv_capacity(profile, policy)
-        art = load_artifact(profile, directory, policy)
-        self.metadata = art.metadata
-        self.throughput_forest = art.forests[f"{KINDS[kind]}_throughput"]
-        self.starved_forest = art.forests[f"{KINDS[kind]}_starved"]
-        self._packed = (self.throughput_forest.packed, self.starved_forest.packed)  # build the layout now
+        self.metadata = artifact_metadata(profile, directory, policy)
+        packed = load_packed(self.metadata["arrays_sha256"], FOREST_NAMES)
+        if packed is None:
+            art = load_artifact(profile, directory, policy)
+            packed = {name: forest.packed for name, forest in art.forests.items()}
+            store_packed(self.metadata["arrays_sha256"], packed)
+        #: the two forests this predictor evaluates, in the evaluation layout (models.trees.PackedForest)
+        self.throughput_forest = packed[f"{KINDS[kind]}_throughput"]
+        self.starved_forest = packed[f"{KINDS[kind]}_starved"]
         self._kv: dict[tuple[int, int], int | None] = {}
         self._terms = engine_terms(profile)
         self._x = np.empty(N_FEATURES)
@@ -226,7 +247,7 @@ class SurrogatePredictor:
             return self.predict_features(self.features(scenarios))
         # Few scenarios (the packer's case): one compiled call per scenario, no batch arrays.
         thr, starved, arriving = np.empty(n), np.empty(n, bool), np.empty(n)
-        t, s = self._packed
+        t, s = self.throughput_forest, self.starved_forest
         for i, sc in enumerate(scenarios):
             rank = self._rank(sc)
             thr[i], starved[i], arriving[i] = _predict_one(

@@ -39,6 +39,8 @@ from twin.errors import BadInputError
 
 LEAF_FLAG = 128  #: bit 7 of a packed node word; bits 0-6 hold the feature (at most 128 features)
 MAX_PACKED_NODES = 1 << 23  #: child index in bits 8-31 of a signed int32
+#: Version of the :class:`PackedForest` layout (part of the key of :mod:`models.packed_cache` entries).
+PACKED_LAYOUT_VERSION = 1
 #: Rows per parallel block; batches below 2 blocks run on the calling thread.
 PARALLEL_BLOCK_ROWS = 2048
 
@@ -147,6 +149,42 @@ class PackedForest:
         _pack(forest.feature, _threshold_down_f32(forest.threshold), forest.left, forest.right, forest.roots,
               nodes, thresholds, leaf_row, roots)
         return cls(nodes, thresholds, leaf_row, forest.leaf_value, roots, int(forest.feature.max(initial=-1)) + 1)
+
+    @property
+    def n_trees(self) -> int:
+        return int(self.roots.shape[0])
+
+    @property
+    def n_nodes(self) -> int:
+        return int(self.nodes.shape[0])
+
+    @property
+    def n_leaves(self) -> int:
+        return int(self.leaf_value.shape[0])
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """What :meth:`from_arrays` needs (``thresholds`` is a view of ``nodes``)."""
+        return {"nodes": self.nodes, "leaf_row": self.leaf_row, "leaf_value": self.leaf_value, "roots": self.roots}
+
+    @classmethod
+    def from_arrays(cls, arrays) -> PackedForest:
+        """The forest of :meth:`arrays`; BadInputError if a walk could leave the node or leaf range."""
+        nodes, leaf_row = np.asarray(arrays["nodes"]), np.asarray(arrays["leaf_row"])
+        leaf_value, roots = np.asarray(arrays["leaf_value"]), np.asarray(arrays["roots"])
+        n = nodes.shape[0]
+        ok = (nodes.dtype == np.int32 and nodes.ndim == 2 and nodes.shape[1] == 2 and leaf_row.dtype == np.int32
+              and leaf_row.shape == (n,) and roots.dtype == np.int32 and roots.size > 0 and leaf_value.ndim == 2
+              and np.all((roots >= 0) & (roots < n)))
+        if ok:
+            word = nodes[:, 0]
+            leaf = (word & LEAF_FLAG) != 0
+            child = word >> 8
+            ok = (np.array_equal(leaf, leaf_row >= 0) and np.all(leaf_row < leaf_value.shape[0])
+                  and np.all(np.where(leaf, True, (child >= 0) & (child < n - 1))))
+        if not ok:
+            raise BadInputError("packed surrogate trees are inconsistent (corrupt cache?)")
+        features = word[~leaf] & (LEAF_FLAG - 1)
+        return cls(nodes, nodes.view(np.float32), leaf_row, leaf_value, roots, int(features.max(initial=-1)) + 1)
 
     def predict_raw(self, X: np.ndarray, threads: int = 1) -> np.ndarray:
         X32 = np.ascontiguousarray(X, dtype=np.float32)

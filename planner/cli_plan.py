@@ -41,9 +41,9 @@ Examples:
 def load_predictor_for(profile, kind: str, policy=None):
     """``auto``: the trained surrogate of the profile and serving policy when one ships, else the twin
     (slow, exact)."""
-    from models.predictor import default_predictor_kind, load_predictor
+    from models.predictor import default_predictor, load_predictor
 
-    return load_predictor(profile, default_predictor_kind(profile, policy) if kind == "auto" else kind, policy)
+    return default_predictor(profile, policy) if kind == "auto" else load_predictor(profile, kind, policy)
 
 
 def _progress(k: int, n: int, name: str) -> None:

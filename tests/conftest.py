@@ -44,3 +44,11 @@ def make_profile():
         return profile_from_dict(make_profile_dict(**changes), where="test")
 
     return _make
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_packed_cache(tmp_path_factory):
+    """Tests (and the commands they start) keep their packed-forest cache out of the user's home."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LORA_PLANNER_CACHE", str(tmp_path_factory.mktemp("packed-cache")))
+        yield

@@ -12,7 +12,7 @@ pytest.importorskip("optuna")
 
 from models.dataset import GridSpec, build_dataset
 from models.features import FEATURES, engine_terms, feature_row, saturation_tok_s
-from models.predictor import GpuScenario, default_predictor_kind, load_predictor
+from models.predictor import GpuScenario, default_predictor, load_predictor
 from models.surrogate import METADATA_FILE, SurrogatePredictor, load_artifact
 from models.train import SHIPPED_FOREST, train_surrogates
 from models.trees import PARALLEL_BLOCK_ROWS
@@ -85,9 +85,9 @@ def test_predictors_agree_between_single_and_batch_paths(artifact, monkeypatch):
     assert not light and heavy
     qwen = load_profile("h100-64gb-qwen2.5-7b")
     monkeypatch.setenv("LORA_PLANNER_ARTIFACTS", str(root))  # surrogates/<id>/ under it
-    assert default_predictor_kind(prof) == "surrogate"
+    assert default_predictor(prof).kind == "surrogate"
     assert load_predictor(prof, "small-tree").kind == "small-tree"
-    assert default_predictor_kind(qwen) == "twin"
+    assert default_predictor(qwen).kind == "twin"
 
 
 def test_parallel_batches_give_the_same_predictions(artifact):

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from models.features import N_FEATURES
-from models.predictor import default_predictor_kind
+from models.predictor import default_predictor
 from models.surrogate import load_artifact, save_artifact, simulation_hash, surrogate_dir
 from models.trees import compile_sklearn
 from planner.cli import main
@@ -113,13 +113,13 @@ def test_surrogates_are_per_policy(artifacts_root, llama):
     pytest.importorskip("sklearn")
     code, text = cli("plan", SMALL, "--policy", "chameleon", "--predictor", "surrogate")
     assert code == 2 and text.count("\n") == 1 and "no surrogate" in text and "--policy chameleon" in text
-    assert default_predictor_kind(llama, CHAMELEON) == "twin"
+    assert default_predictor(llama, CHAMELEON).kind == "twin"
     d = surrogate_dir(LLAMA, CHAMELEON)
     assert d == artifacts_root / "surrogates" / LLAMA / "chameleon" and surrogate_dir(LLAMA).name == LLAMA
     _tiny_artifact(d, llama, CHAMELEON)
-    assert default_predictor_kind(llama, CHAMELEON) == "surrogate"
-    assert default_predictor_kind(llama, policy_from_name("chameleon", queues=2)) == "twin"  # other parameters
-    assert default_predictor_kind(llama) == "twin"  # the stock directory holds no surrogate
+    assert default_predictor(llama, CHAMELEON).kind == "surrogate"
+    assert default_predictor(llama, policy_from_name("chameleon", queues=2)).kind == "twin"  # other parameters
+    assert default_predictor(llama).kind == "twin"  # the stock directory holds no surrogate
     with pytest.raises(ProfileError, match="trained for serving policy chameleon, not vllm"):
         load_artifact(llama, d)
     with pytest.raises(ProfileError, match=r"not chameleon \(queues=2\)"):
