@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from twin import Adapter, SimConfig, Workload, simulate, trace_requests
-from twin.core import EV_ADMITTED
+from twin.core import EV_ADMITTED, EV_PREEMPTED
 from twin.policies import policy_from_name
 
 
@@ -143,3 +143,57 @@ def test_stock_twin_is_untouched_by_the_policy_field(prof):
     b = simulate(wl, prof, SimConfig(a_max=1, duration_s=120, policy=policy_from_name("vllm")))
     assert a.policy == b.policy == "vllm" and a.policy_stats is None
     assert a.total_throughput_tok_s == b.total_throughput_tok_s and np.isclose(a.ttft_ms_p99, b.ttft_ms_p99)
+
+
+@pytest.fixture
+def big_adapter_prof(make_profile):
+    """Pool of 299 blocks, 10 ms steps, 25 ms copies; rank-8 adapters take 10 blocks, rank 16 200."""
+    return make_profile(step_latency_ms={"k4_ms_per_request": 0.0, "k5_ms": 10.0},
+                        adapter_load_ms={"by_max_lora_rank": {"8": {"8": 25.0},
+                                                              "16": {"8": 25.0, "16": 25.0}}},
+                        policy_terms={"adapter_kv_tokens": {"8": 160, "16": 3200}})
+
+
+def _first(res, kind):
+    out = {}
+    for t, r, _tok, k in res.trace:
+        if k == kind:
+            out.setdefault(int(r), t)
+    return out
+
+
+BYPASS_WL = Workload((Adapter("x", 8, 0.0), Adapter("w", 8, 0.0), Adapter("big", 16, 0.0), Adapter("y", 8, 0.0)))
+
+
+def bypass_run(prof, out_a, **params):
+    """Requests 0 (x) and 1 (w) fill the KV; at 0.5 s request 2 needs the 200-block adapter, which
+    fits only once 0 finishes and x turns idle; request 3 (y, 480 prompt tokens = 30 blocks, 100
+    outputs) queues behind it."""
+    return run(prof, BYPASS_WL, [0.0, 0.0, 0.5, 0.5], ["x", "w", "big", "y"], [800, 1120, 10, 480],
+               [out_a, 400, 2, 100], "chameleon", queues=1, output_prediction_sigma=0.0, **params)[0]
+
+
+def test_bypass_lets_a_short_request_pass_a_head_waiting_for_adapter_memory(big_adapter_prof):
+    # 0 runs long enough (700 outputs) that 3's 101 predicted steps end well before 2's memory.
+    blocked = bypass_run(big_adapter_prof, 700, bypass=False)
+    passed = bypass_run(big_adapter_prof, 700)
+    b_adm, p_adm = _first(blocked, EV_ADMITTED), _first(passed, EV_ADMITTED)
+    assert b_adm[3] >= b_adm[2] > 4.0  # the blog's blocked head: 3 waits for 2, which waits for 0
+    assert p_adm[3] < 0.55  # after y's 25 ms copy, past the blocked head
+    assert passed.policy_stats["bypasses"] == 1 and passed.policy_stats["squashed"] == 0
+    assert p_adm[2] == pytest.approx(b_adm[2], abs=0.02)  # the head is not delayed
+    assert passed.finished_requests == blocked.finished_requests == 4
+
+
+def test_a_bypasser_is_squashed_when_the_heads_memory_turns_up_first(big_adapter_prof):
+    # 0 finishes after 50 outputs. The wait prediction counts KV only (0's 53 blocks are short of
+    # 2's 57), so it waits for 1 (400 outputs): 3 may pass. But 0's end also leaves x idle, and
+    # with 3's 30 blocks counted 2's adapter fits: 3 is squashed.
+    res = bypass_run(big_adapter_prof, 50)
+    adm, pre = _first(res, EV_ADMITTED), _first(res, EV_PREEMPTED)
+    assert res.policy_stats["bypasses"] == 1 and res.policy_stats["squashed"] == 1
+    assert adm[3] < 0.55 and pre[3] < 1.0  # squashed before its 100 outputs end
+    assert pre[3] < adm[2] < pre[3] + 0.1  # 2 gets the memory (and its 25 ms copy) at once
+    admitted_again = [t for t, r, _tok, k in res.trace if k == EV_ADMITTED and r == 3]
+    assert len(admitted_again) == 2 and admitted_again[1] >= adm[2]  # 3 restarts behind 2
+    assert res.finished_requests == 4

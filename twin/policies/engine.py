@@ -19,8 +19,12 @@ profile's step latency and scheduler overhead) and changes what those systems ch
   score or ELORA's retention value. Adapters wanted by queued requests are evicted last.
 * Scheduling is vLLM's FIFO scan (a request whose adapter is not ready is skipped) or Chameleon's
   multi-level queues with token quotas (strict FIFO per queue, phase-2 redistribution of the quota
-  of emptied queues; the opportunistic bypass is not modelled: a blocked head blocks its queue, the
-  blog variant of the paper). A request holds ``input + predicted output`` tokens of its queue's
+  of emptied queues). With ``bypass`` (the MICRO paper's Opportunistic Bypass; off: the blog's
+  blocked head) a queue head whose adapter finds no memory even after every idle adapter is
+  evicted lets younger requests of its queue whose adapters are on the GPU run first, each only if
+  its predicted run time is shorter than the predicted wait for the head's memory
+  (:func:`_memory_wait_s`); if the head's memory (counting the bypassers' KV) turns up before they
+  finish, they are squashed (restarted later, right behind the head). A request holds ``input + predicted output`` tokens of its queue's
   quota from admission to finish. Deviation: the paper also debits its adapter's size per request;
   with many running requests sharing an adapter that counts the same weights many times, so here
   the adapter is paid once, in the memory pool, like every policy's adapters. Quotas share the
@@ -74,12 +78,13 @@ COLD_INLINE, COLD_ASYNC, COLD_CPU = 0, 1, 2
 AD_HOST, AD_LOADING, AD_GPU = 0, 1, 2
 
 # Indices into the integer parameter vector.
-I_CACHE, I_SCHED, I_COLD, I_PREFETCH, I_QUEUES, I_PRELOAD = 0, 1, 2, 3, 4, 5
-N_INT_PARAMS = 6
+I_CACHE, I_SCHED, I_COLD, I_PREFETCH, I_QUEUES, I_PRELOAD, I_BYPASS = 0, 1, 2, 3, 4, 5, 6
+N_INT_PARAMS = 7
 
 # Policy statistics returned next to the counters.
-S_HITS, S_MISSES, S_EVICTIONS, S_STALL_S, S_CPU_STEPS, S_PEAK_RESIDENT, S_SWAP_INS, S_REFRESHES, S_LOADS = range(9)
-N_STATS = 9
+(S_HITS, S_MISSES, S_EVICTIONS, S_STALL_S, S_CPU_STEPS, S_PEAK_RESIDENT, S_SWAP_INS, S_REFRESHES, S_LOADS,
+ S_BYPASSES, S_SQUASHED) = range(11)
+N_STATS = 11
 
 
 @nb.njit(cache=True)
@@ -90,10 +95,20 @@ def _settle(a, now, ad_state, ad_ready):
 
 @nb.njit(cache=True)
 def _make_room(need, protect, now, mode, ad_state, ad_ready, rc, qc, freq, freq_t, last_used, ad_tokens,
-               ad_blocks, load_ms, fp, mem, stats):
+               ad_blocks, load_ms, fp, mem, stats, partial=False):
     """Evict idle adapters until ``need`` blocks are free (``mem[0]``); idle = on the GPU with no
-    running request; those no queued request wants go first, then the others. False if it cannot."""
+    running request; those no queued request wants go first, then the others. False if it cannot;
+    then nothing is evicted, unless ``partial`` (KV for running requests: every block spared is a
+    smaller preemption)."""
     na = ad_state.shape[0]
+    if not partial and mem[0] < need:
+        idle = mem[0]
+        for a in range(na):
+            _settle(a, now, ad_state, ad_ready)
+            if ad_state[a] == AD_GPU and rc[a] == 0 and a != protect:
+                idle += ad_blocks[a]
+        if idle < need:
+            return False
     cand = np.zeros(na, np.bool_)
     for tier in range(2):
         while mem[0] < need:
@@ -153,6 +168,52 @@ def _q_push(r, q, front, q_head, q_tail, nxt, prv):
 
 
 @nb.njit(cache=True)
+def _q_insert_after(r, after, q, q_tail, nxt, prv):
+    prv[r] = after
+    nxt[r] = nxt[after]
+    if nxt[after] >= 0:
+        prv[nxt[after]] = r
+    else:
+        q_tail[q] = r
+    nxt[after] = r
+
+
+@nb.njit(cache=True)
+def _kv_check(r, computed, ntok, block_size, max_batched, full_prompt_admission):
+    """KV blocks waiting request ``r`` must find free to be admitted (the admission rule's check)."""
+    if full_prompt_admission:
+        return (ntok[r] + block_size - 1) // block_size
+    return (min(ntok[r] - computed[r], max_batched) + block_size - 1) // block_size
+
+
+@nb.njit(cache=True)
+def _steps_left(r, computed, ntok, in_len, out_pred, max_batched):
+    """Steps request ``r`` still needs as the scheduler predicts them: its prompt's remaining chunks
+    plus the predicted output tokens not yet generated (at least one)."""
+    prefill = max(0, in_len[r] - computed[r])
+    return -(-prefill // max_batched) + max(1, out_pred[r] - max(0, ntok[r] - in_len[r]))
+
+
+@nb.njit(cache=True)
+def _memory_wait_s(shortfall, running, nrun, blocks, computed, ntok, in_len, out_pred, max_batched, step_s):
+    """Chameleon's prediction of how soon ``shortfall`` blocks free up: running requests finish in
+    order of their predicted remaining steps (x the recent step time) and return their KV blocks
+    (Choice: adapters they leave idle are not counted, so the wait is an upper bound); inf if they
+    never free enough."""
+    if shortfall <= 0:
+        return 0.0
+    left = np.empty(nrun, np.int64)
+    for j in range(nrun):
+        left[j] = _steps_left(running[j], computed, ntok, in_len, out_pred, max_batched)
+    freed = 0
+    for j in np.argsort(left, kind="mergesort"):
+        freed += blocks[running[j]]
+        if freed >= shortfall:
+            return left[j] * step_s
+    return np.inf
+
+
+@nb.njit(cache=True)
 def _q_remove(r, q, q_head, q_tail, nxt, prv):
     if prv[r] >= 0:
         nxt[prv[r]] = nxt[r]
@@ -184,6 +245,8 @@ def simulate_policy_core(
     wrs = np.zeros(n)
     need_res = np.zeros(n)  # tokens a request holds of its queue quota (MLQ)
     borrow = np.zeros(n)
+    bypass_of = np.full(n, -1, np.int64)  # the blocked head a running request bypassed (MLQ bypass)
+    blocked = np.full(nq, -1, np.int64)  # per queue: its head waiting for adapter memory, bypassed
 
     q_head = np.full(nq, -1, np.int64)
     q_tail = np.full(nq, -1, np.int64)
@@ -236,6 +299,7 @@ def simulate_policy_core(
     rejected = 0
     busy_s = 0.0
     bs_avg = 1.0
+    step_avg_s = step_ms(lat, 1.0, 0.0, 1) / 1000.0  # recent step time (the bypass's predictions)
     next_swap = 0.0
     fw = fp[P_FREQ_WINDOW_S]
 
@@ -330,6 +394,62 @@ def simulate_policy_core(
             now = min(arrival[next_arr], next_swap) if cache_mode == CACHE_ELORA else arrival[next_arr]
             continue
 
+        # Chameleon's squash: a bypassed head whose memory (counting its bypassers' KV) is there now
+        # gets it; its bypassers restart later, right behind it.
+        for q in range(nq):
+            r1 = blocked[q]
+            if r1 < 0:
+                continue
+            a1 = adapter[r1]
+            _settle(a1, now, ad_state, ad_ready)
+            held = 0  # the bypassers' KV (Choice: their adapters, idle after a squash, are not counted)
+            for j in range(nrun):
+                if bypass_of[running[j]] == r1:
+                    held += blocks[running[j]]
+            free = mem[0]  # plus what evicting every idle adapter would give
+            for a in range(na):
+                _settle(a, now, ad_state, ad_ready)
+                if ad_state[a] == AD_GPU and rc[a] == 0:
+                    free += ad_blocks[a]
+            need1 = ad_blocks[a1] + _kv_check(r1, computed, ntok, block_size, max_batched, full_prompt_admission)
+            waiting_head = state[r1] == WAITING and ad_state[a1] == AD_HOST and free < need1
+            if waiting_head and held > 0 and free + held >= need1:
+                k = 0
+                after = r1
+                for j in range(nrun):
+                    v = running[j]
+                    if bypass_of[v] != r1:
+                        running[k] = v
+                        k += 1
+                        continue
+                    av = adapter[v]
+                    mem[0] += blocks[v]
+                    blocks[v] = 0
+                    computed[v] = 0
+                    state[v] = WAITING
+                    n_waiting += 1
+                    qc[av] += 1
+                    if borrow[v] > 0:
+                        borrowed -= borrow[v]
+                        borrow[v] = 0.0
+                    else:
+                        used[req_q[v]] -= need_res[v]
+                    _q_insert_after(v, after, req_q[v], q_tail, nxt, prv)
+                    after = v
+                    rc[av] -= 1
+                    if rc[av] == 0:
+                        n_distinct -= 1
+                    bypass_of[v] = -1
+                    stats[S_SQUASHED] += 1
+                    tr_i = trace_event(trace, trace_cap, tr_i, now, v, 0, EV_PREEMPTED)
+                nrun = k
+                waiting_head = False
+            if not waiting_head:
+                blocked[q] = -1
+                for j in range(nrun):
+                    if bypass_of[running[j]] == r1:
+                        bypass_of[running[j]] = -1
+
         # 2. RUNNING loop: KV for the new tokens; take blocks from idle adapters, then preempt.
         budget = max_batched
         nsched = 0
@@ -341,7 +461,7 @@ def simulate_policy_core(
             need = (computed[r] + num_new + block_size - 1) // block_size - blocks[r]
             if need > mem[0]:
                 _make_room(need, -1, now, cache_mode, ad_state, ad_ready, rc, qc, freq, freq_t, last_used,
-                           ad_tokens, ad_blocks, ad_load_ms, fp, mem, stats)
+                           ad_tokens, ad_blocks, ad_load_ms, fp, mem, stats, True)
             scheduled = True
             while need > mem[0]:
                 v = running[nrun - 1]
@@ -360,6 +480,7 @@ def simulate_policy_core(
                         borrow[v] = 0.0
                     else:
                         used[req_q[v]] -= need_res[v]
+                    bypass_of[v] = -1
                 _q_push(v, req_q[v], True, q_head, q_tail, nxt, prv)
                 rc[av] -= 1
                 if rc[av] == 0:
@@ -389,6 +510,8 @@ def simulate_policy_core(
                     if phase == 1 and leftover <= 0:
                         break
                     r = q_head[q]
+                    bypassing = -1  # the head this scan bypasses
+                    wait_s = 0.0  # its predicted wait for memory
                     while r >= 0 and budget > 0 and nrun < max_num_seqs:
                         nr = nxt[r]
                         a = adapter[r]
@@ -412,10 +535,23 @@ def simulate_policy_core(
                                 _start_load(a, now, cache_mode, ad_state, ad_ready, rc, qc, freq, freq_t, last_used,
                                             ad_tokens, ad_blocks, ad_load_ms, fp, mem, stats, pcie)
                         if (cold == COLD_ASYNC and ad_state[a] != AD_GPU) or (cold == COLD_CPU and ad_state[a] == AD_HOST):
-                            if sched_mode == SCHED_FIFO:
+                            if sched_mode == SCHED_FIFO or bypassing >= 0:
+                                r = nr
+                                continue
+                            if ip[I_BYPASS] and ad_state[a] == AD_HOST and r == q_head[q]:
+                                # No memory for the head's adapter even with every idle adapter evicted.
+                                bypassing = r
+                                need1 = ad_blocks[a] + _kv_check(r, computed, ntok, block_size, max_batched,
+                                                                 full_prompt_admission)
+                                wait_s = _memory_wait_s(need1 - mem[0], running, nrun, blocks, computed, ntok,
+                                                        in_len, out_pred, max_batched, step_avg_s)
                                 r = nr
                                 continue
                             break
+                        if bypassing >= 0 and _steps_left(r, computed, ntok, in_len, out_pred,
+                                                          max_batched) * step_avg_s >= wait_s:
+                            r = nr
+                            continue
                         num_new = min(ntok[r] - computed[r], budget)
                         need = (num_new + block_size - 1) // block_size
                         check = (ntok[r] + block_size - 1) // block_size if full_prompt_admission else need
@@ -442,6 +578,10 @@ def simulate_policy_core(
                             stats[S_PEAK_RESIDENT] = max(stats[S_PEAK_RESIDENT], mem[1])
                             inline_ms += ad_load_ms[a]
                             stats[S_LOADS] += 1
+                        if bypassing >= 0:
+                            bypass_of[r] = bypassing
+                            blocked[q] = bypassing
+                            stats[S_BYPASSES] += 1
                         if sched_mode == SCHED_MLQ:
                             if phase == 0:
                                 used[q] += need_res[r]
@@ -513,6 +653,7 @@ def simulate_policy_core(
         busy_s += dt
         k_bs = np.exp(-dt / fp[P_BATCH_WINDOW_S])
         bs_avg = bs_avg * k_bs + b * (1.0 - k_bs)
+        step_avg_s = step_avg_s * k_bs + dt * (1.0 - k_bs)
 
         if trace_cap > 0:
             tr_i = trace_scheduled(trace, trace_cap, tr_i, now, sched_req, sched_tok, nsched, n_sched_running)
@@ -535,6 +676,7 @@ def simulate_policy_core(
                             borrowed -= borrow[r]
                         else:
                             used[req_q[r]] -= need_res[r]
+                        bypass_of[r] = -1
                     if rc[a] == 0:
                         n_distinct -= 1
                         if cache_mode == CACHE_DISCARD and qc[a] == 0 and ad_blocks[a] > 0:

@@ -42,5 +42,7 @@ def run_policy(spec: PolicySpec, workload, profile, requests, arrival, load_ms, 
         "peak_resident_adapters": int(stats[engine.S_PEAK_RESIDENT]),
         "swap_ins": int(stats[engine.S_SWAP_INS]),
         "queue_refreshes": int(stats[engine.S_REFRESHES]),
+        "bypasses": int(stats[engine.S_BYPASSES]),  # admissions past a head waiting for adapter memory
+        "squashed": int(stats[engine.S_SQUASHED]),  # bypassers restarted when the head's memory came
     }
     return tuple(out), int(pool_tokens), policy_stats

@@ -61,6 +61,9 @@ class PolicySpec:
     wrs_a: float = 0.4
     wrs_b: float = 0.6
     output_prediction_sigma: float = 0.2
+    # Opportunistic Bypass (MICRO paper §5; the blog's variant blocks the queue instead): younger
+    # requests may pass a head whose adapter finds no memory, and are squashed if it finds some first.
+    bypass: bool = True
     # ELORA swapper (§3.3): every 100 ms, swap in while the pool is below 70 % used; recency time
     # constant of 1 - sigmoid(t / tau) (Choice: the paper gives no unit); batch-size window 5 s.
     swap_period_s: float = 0.1
@@ -90,6 +93,7 @@ class PolicySpec:
         p[engine.I_PREFETCH] = self.prefetch
         p[engine.I_QUEUES] = self.queues
         p[engine.I_PRELOAD] = self.preload_all
+        p[engine.I_BYPASS] = self.bypass
         return p
 
     def float_params(self) -> np.ndarray:
