@@ -24,10 +24,11 @@ profile's step latency and scheduler overhead) and changes what those systems ch
   evicted lets younger requests of its queue whose adapters are on the GPU run first, each only if
   its predicted run time is shorter than the predicted wait for the head's memory
   (:func:`_memory_wait_s`); if the head's memory (counting the bypassers' KV) turns up before they
-  finish, they are squashed (restarted later, right behind the head). A request holds ``input + predicted output`` tokens of its queue's
-  quota from admission to finish. Deviation: the paper also debits its adapter's size per request;
-  with many running requests sharing an adapter that counts the same weights many times, so here
-  the adapter is paid once, in the memory pool, like every policy's adapters. Quotas share the
+  finish, they are squashed (restarted later, right behind the head). A request holds
+  ``input + predicted output`` tokens of its queue's quota from admission to finish. Deviation: the
+  paper also debits its adapter's size per request; with many running requests sharing an adapter
+  that counts the same weights many times, so here the adapter is paid once, in the memory pool,
+  like every policy's adapters. Quotas share the
   pool's tokens; KV blocks are still allocated as vLLM does (a mis-predicted output can preempt).
 * ELORA's swapper: every ``swap_period`` it brings in host adapters with the highest retention
   value while the pool is below the idle threshold and fewer than ``Low_lora`` LoRAs are resident.
