@@ -45,8 +45,23 @@ PACKED_LAYOUT_VERSION = 1
 PARALLEL_BLOCK_ROWS = 2048
 
 
+class _Counts:
+    """Tree and leaf counts of a forest with ``roots`` and ``leaf_value`` arrays."""
+
+    roots: np.ndarray
+    leaf_value: np.ndarray
+
+    @property
+    def n_trees(self) -> int:
+        return int(self.roots.shape[0])
+
+    @property
+    def n_leaves(self) -> int:
+        return int(self.leaf_value.shape[0])
+
+
 @dataclass(frozen=True)
-class FlatForest:
+class FlatForest(_Counts):
     feature: np.ndarray  # int16 per node; -1 for a leaf
     threshold: np.ndarray  # float64 per node
     left: np.ndarray  # int32: left child, or the leaf's row in leaf_value
@@ -56,16 +71,8 @@ class FlatForest:
     classifier: bool
 
     @property
-    def n_trees(self) -> int:
-        return int(self.roots.shape[0])
-
-    @property
     def n_nodes(self) -> int:
         return int(self.feature.shape[0])
-
-    @property
-    def n_leaves(self) -> int:
-        return int(self.leaf_value.shape[0])
 
     @property
     def nbytes(self) -> int:
@@ -126,7 +133,7 @@ def _threshold_down_f32(threshold: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class PackedForest:
+class PackedForest(_Counts):
     """A :class:`FlatForest` in the evaluation layout (see the module docstring)."""
 
     nodes: np.ndarray  # int32 (nodes, 2): child << 8 | leaf flag | feature, then the threshold's bits
@@ -151,16 +158,8 @@ class PackedForest:
         return cls(nodes, thresholds, leaf_row, forest.leaf_value, roots, int(forest.feature.max(initial=-1)) + 1)
 
     @property
-    def n_trees(self) -> int:
-        return int(self.roots.shape[0])
-
-    @property
     def n_nodes(self) -> int:
         return int(self.nodes.shape[0])
-
-    @property
-    def n_leaves(self) -> int:
-        return int(self.leaf_value.shape[0])
 
     def arrays(self) -> dict[str, np.ndarray]:
         """What :meth:`from_arrays` needs (``thresholds`` is a view of ``nodes``)."""

@@ -149,6 +149,17 @@ def _start_load(a, now, mode, ad_state, ad_ready, rc, qc, freq, freq_t, last_use
 
 
 @nb.njit(cache=True)
+def _q_insert_after(r, after, q, q_tail, nxt, prv):
+    prv[r] = after
+    nxt[r] = nxt[after]
+    if nxt[after] >= 0:
+        prv[nxt[after]] = r
+    else:
+        q_tail[q] = r
+    nxt[after] = r
+
+
+@nb.njit(cache=True)
 def _q_push(r, q, front, q_head, q_tail, nxt, prv):
     if front:
         nxt[r] = q_head[q]
@@ -158,25 +169,34 @@ def _q_push(r, q, front, q_head, q_tail, nxt, prv):
         else:
             q_tail[q] = r
         q_head[q] = r
+    elif q_tail[q] >= 0:
+        _q_insert_after(r, q_tail[q], q, q_tail, nxt, prv)
     else:
-        prv[r] = q_tail[q]
+        prv[r] = -1
         nxt[r] = -1
-        if q_tail[q] >= 0:
-            nxt[q_tail[q]] = r
-        else:
-            q_head[q] = r
+        q_head[q] = r
         q_tail[q] = r
 
 
-@nb.njit(cache=True)
-def _q_insert_after(r, after, q, q_tail, nxt, prv):
-    prv[r] = after
-    nxt[r] = nxt[after]
-    if nxt[after] >= 0:
-        prv[nxt[after]] = r
+@nb.njit(cache=True, inline="always")
+def _back_to_waiting(v, adapter, blocks, computed, state, qc, rc, borrow, used, req_q, need_res, bypass_of, mem):
+    """Free running request ``v``'s KV and mark it waiting to be recomputed (a preemption or a squash;
+    the caller queues it). Returns (the borrowed quota it gives back, 1 if its adapter has no running
+    request left). Without MLQ its quota terms are zero."""
+    a = adapter[v]
+    mem[0] += blocks[v]
+    blocks[v] = 0
+    computed[v] = 0
+    state[v] = WAITING
+    qc[a] += 1
+    gave = borrow[v]
+    if gave > 0:
+        borrow[v] = 0.0
     else:
-        q_tail[q] = r
-    nxt[after] = r
+        used[req_q[v]] -= need_res[v]
+    bypass_of[v] = -1
+    rc[a] -= 1
+    return gave, 1 if rc[a] == 0 else 0
 
 
 @nb.njit(cache=True)
@@ -423,24 +443,13 @@ def simulate_policy_core(
                         running[k] = v
                         k += 1
                         continue
-                    av = adapter[v]
-                    mem[0] += blocks[v]
-                    blocks[v] = 0
-                    computed[v] = 0
-                    state[v] = WAITING
+                    gave, idle = _back_to_waiting(v, adapter, blocks, computed, state, qc, rc, borrow, used, req_q,
+                                                  need_res, bypass_of, mem)
+                    borrowed -= gave
                     n_waiting += 1
-                    qc[av] += 1
-                    if borrow[v] > 0:
-                        borrowed -= borrow[v]
-                        borrow[v] = 0.0
-                    else:
-                        used[req_q[v]] -= need_res[v]
+                    n_distinct -= idle
                     _q_insert_after(v, after, req_q[v], q_tail, nxt, prv)
                     after = v
-                    rc[av] -= 1
-                    if rc[av] == 0:
-                        n_distinct -= 1
-                    bypass_of[v] = -1
                     stats[S_SQUASHED] += 1
                     tr_i = trace_event(trace, trace_cap, tr_i, now, v, 0, EV_PREEMPTED)
                 nrun = k
@@ -467,25 +476,13 @@ def simulate_policy_core(
             while need > mem[0]:
                 v = running[nrun - 1]
                 nrun -= 1
-                av = adapter[v]
-                mem[0] += blocks[v]
-                blocks[v] = 0
-                computed[v] = 0
-                state[v] = WAITING
+                gave, idle = _back_to_waiting(v, adapter, blocks, computed, state, qc, rc, borrow, used, req_q,
+                                              need_res, bypass_of, mem)
+                borrowed -= gave
                 n_waiting += 1
-                qc[av] += 1
+                n_distinct -= idle
                 preemptions += 1
-                if sched_mode == SCHED_MLQ:
-                    if borrow[v] > 0:
-                        borrowed -= borrow[v]
-                        borrow[v] = 0.0
-                    else:
-                        used[req_q[v]] -= need_res[v]
-                    bypass_of[v] = -1
                 _q_push(v, req_q[v], True, q_head, q_tail, nxt, prv)
-                rc[av] -= 1
-                if rc[av] == 0:
-                    n_distinct -= 1
                 preempted_now = True
                 tr_i = trace_event(trace, trace_cap, tr_i, now, v, 0, EV_PREEMPTED)
                 if v == r:
