@@ -40,6 +40,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.surrogate_accuracy import DEFAULT_REAL, QWEN
 from benchmarks.surrogate_speed import best_of
 from models.dataset import read_dataset
 from models.features import N_FEATURES, engine_terms, fill_features, throughput_base
@@ -50,8 +51,6 @@ from models.trees import compile_sklearn
 from twin import load_profile
 from twin.atomic import write_json_atomic
 
-QWEN = "h100-64gb-qwen2.5-7b"
-DEFAULT_REAL = ROOT.parent / "shared" / "data" / "reference-h100-64gb" / "real_runs_qwen.csv"
 PARAMS = {"throughput": {"criterion": "squared_error", "min_samples_leaf": 1, "max_features": 1.0},
           "starved": {"criterion": "log_loss", "min_samples_leaf": 1, "max_features": 1.0}}
 TARGETS = {"full_single_row_us": 5.0, "full_batch_10k_ms": 5.0, "held_out_throughput_smape": 3.0,
@@ -129,7 +128,8 @@ def run_profile(pid: str, args) -> dict:
                 t0 = time.perf_counter()
                 model = estimator(family, target, n_trees, leaves).fit(sp.X_train, sp.y_train)
                 fit_s = time.perf_counter() - t0
-                seeds = [prefix_scores(model, target, sp.X_test, sp.y_test, args.trees)]
+                # per-seed scores, read only with --seeds > 1
+                seeds = [prefix_scores(model, target, sp.X_test, sp.y_test, args.trees)] if args.seeds > 1 else []
                 for seed in range(1, args.seeds):
                     other = estimator(family, target, n_trees, leaves, seed).fit(sp.X_train, sp.y_train)
                     seeds.append(prefix_scores(other, target, sp.X_test, sp.y_test, args.trees))

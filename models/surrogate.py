@@ -150,7 +150,11 @@ def load_artifact(profile: Profile, directory: str | Path | None = None,
     """The artifact of ``profile`` under serving ``policy`` (None: stock vLLM); ProfileError if none fits."""
     d = Path(directory) if directory else surrogate_dir(profile.profile_id, policy)
     meta = artifact_metadata(profile, d, policy)
-    rebuild = _rebuild_hint(profile, policy)[1]
+    return SurrogateArtifact(meta, _read_forests(d, meta, _rebuild_hint(profile, policy)[1]))
+
+
+def _read_forests(d: Path, meta: dict[str, Any], rebuild: str) -> dict[str, FlatForest]:
+    """The forests of the artifact in ``d``, checked against ``meta``'s arrays_sha256."""
     try:
         with np.load(d / ARRAYS_FILE, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
@@ -163,7 +167,7 @@ def load_artifact(profile: Profile, directory: str | Path | None = None,
         raise ProfileError(f"{d}: {exc}; {rebuild}") from None
     if arrays_digest(forests) != meta.get("arrays_sha256"):
         raise ProfileError(f"{d}: arrays do not match their metadata (arrays_sha256); {rebuild}")
-    return SurrogateArtifact(meta, forests)
+    return forests
 
 
 class SurrogatePredictor:
@@ -187,11 +191,12 @@ class SurrogatePredictor:
         self.policy = policy
         self.threads = threads
         self._capacity = kv_capacity(profile, policy)
-        self.metadata = artifact_metadata(profile, directory, policy)
+        d = Path(directory) if directory else surrogate_dir(profile.profile_id, policy)
+        self.metadata = artifact_metadata(profile, d, policy)
         packed = load_packed(self.metadata["arrays_sha256"], FOREST_NAMES)
         if packed is None:
-            art = load_artifact(profile, directory, policy)
-            packed = {name: forest.packed for name, forest in art.forests.items()}
+            forests = _read_forests(d, self.metadata, _rebuild_hint(profile, policy)[1])
+            packed = {name: forest.packed for name, forest in forests.items()}
             store_packed(self.metadata["arrays_sha256"], packed)
         #: the two forests this predictor evaluates, in the evaluation layout (models.trees.PackedForest)
         self.throughput_forest = packed[f"{KINDS[kind]}_throughput"]

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from models import DEFAULT_KERNEL_ROWS
 from models.dataset import read_dataset
 from models.features import ARRIVING, N_FEATURES, engine_terms, fill_features, throughput_base
 from models.metrics import macro_f1, smape
@@ -46,9 +47,6 @@ from twin.policies.spec import PolicySpec, policy_record
 
 MAX_RULES = 32
 SEED = 0
-#: SVM and KNN are tuned on a seeded sample of at most this many training rows: an SVM's fit grows with
-#: the square of the rows (431 s of search on 10,790 Llama rows), and neither model ships.
-DEFAULT_KERNEL_ROWS = 10_000
 #: The shipped forests of the reduced search: (scikit-learn estimator, trees) per task.
 SHIPPED_FOREST = {"regression": ("ExtraTreesRegressor", 16), "classification": ("RandomForestClassifier", 8)}
 
@@ -153,11 +151,9 @@ def tune(task: str, name: str, estimator, grid: dict, X: np.ndarray, y: np.ndarr
     from sklearn.model_selection import GridSearchCV, HalvingGridSearchCV, KFold, StratifiedKFold
 
     cv = (KFold if task == "regression" else StratifiedKFold)(5, shuffle=True, random_state=SEED)
-    if exhaustive:
-        search = GridSearchCV(estimator, grid, cv=cv, scoring=_scorer(task), n_jobs=jobs, error_score=np.nan)
-    else:
-        search = HalvingGridSearchCV(estimator, grid, cv=cv, scoring=_scorer(task), n_jobs=jobs, random_state=SEED,
-                                     error_score=np.nan)
+    common = {"cv": cv, "scoring": _scorer(task), "n_jobs": jobs, "error_score": np.nan}
+    search = (GridSearchCV(estimator, grid, **common) if exhaustive
+              else HalvingGridSearchCV(estimator, grid, random_state=SEED, **common))
     t0 = time.perf_counter()
     search.fit(X, y)
     best = search.best_estimator_

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from models.train import DEFAULT_KERNEL_ROWS
+from models import DEFAULT_KERNEL_ROWS
 from planner.cli_common import policy_from_cli, policy_options, print_json, user_errors
 
 EPILOG_BUILD = """\b

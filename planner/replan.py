@@ -60,11 +60,8 @@ def replan(previous: Placement, workload_path, req: PackRequest, split_hot: bool
     """Re-plan ``req``'s workload from ``previous``; with ``confirm``, every GPU of the result is checked
     in the twin and the whole re-plan reruns with a load margin while one falls short
     (:func:`planner.confirm.replan_confirmed`)."""
-    state: dict[str, list[_Slot]] = {}
-
     def assign(r: PackRequest, dropped: set[str]) -> list[tuple[str | None, GpuGroup]]:
         slots, new_groups = _assign(previous, r, split_hot, dropped)
-        state["slots"] = slots
         return ([(s.prev.instance_id, GpuGroup(s.group.shares, s.group.a_max, s.max_lora_rank)) for s in slots]
                 + [(None, g) for g in new_groups])
 
@@ -73,10 +70,11 @@ def replan(previous: Placement, workload_path, req: PackRequest, split_hot: bool
         labelled, confirmation = replan_confirmed(req, assign, jobs, max_ttft_s, progress)
     else:
         labelled = assign(req, set())
-    slots = state["slots"]
+    by_id = {p.instance_id: p for p in previous.instances}
+    kept = [by_id[prev_id] for prev_id, _ in labelled if prev_id is not None]  # first in ``labelled``
     instances = build_instances(req, [g for _, g in labelled])
-    restarted = {slot.prev.instance_id for inst, slot in zip(instances, slots) if _take_over(inst, slot.prev)}
-    restarted |= _name_new_instances(previous, instances[len(slots):], {s.prev.instance_id for s in slots})
+    restarted = {prev.instance_id for inst, prev in zip(instances, kept) if _take_over(inst, prev)}
+    restarted |= _name_new_instances(previous, instances[len(kept):], {p.instance_id for p in kept})
     instances.sort(key=lambda i: _instance_number(i.instance_id))
     inputs = plan_inputs(workload_path, req, "greedy", 0.0)
     if confirmation is not None:

@@ -137,17 +137,21 @@ def calibrate(profile: Profile, runs: list[RecordedRun], duration_s: float, warm
               max_rounds: int = 40) -> Calibration:
     """Fit ``PARAMETERS`` to ``runs`` from the profile's own step latency (scales 1, no arrival delay)."""
     base = profile.step_latency
+    seen: dict[tuple[float, ...], float] = {}  # a search often steps back onto a point it has scored
 
     def f(theta: np.ndarray) -> float:
-        return loss(twin_errors(replace(profile, step_latency=calibrated(base, theta)), runs, duration_s, warmup_s))
+        key = tuple(theta.tolist())
+        if key not in seen:
+            seen[key] = loss(twin_errors(replace(profile, step_latency=calibrated(base, theta)), runs, duration_s,
+                                         warmup_s))
+        return seen[key]
 
+    scales, with_delay = STAGES
     theta = np.zeros(len(PARAMETERS))
-    best = before = f(theta)
-    losses = []
-    for units in STAGES:
-        theta, best = _coordinate_search(f, theta, units, best, max_rounds)
-        losses.append(best)
-    return Calibration(theta, before, losses[0], best)
+    before = f(theta)
+    theta, scales_only = _coordinate_search(f, theta, scales, before, max_rounds)
+    theta, best = _coordinate_search(f, theta, with_delay, scales_only, max_rounds)
+    return Calibration(theta, before, scales_only, best)
 
 
 def calibrated_profile(profile: dict, runs: list[RecordedRun], duration_s: float, warmup_s: float,

@@ -31,7 +31,7 @@ from typing import Any
 import click
 import numpy as np
 
-from planner.cli_common import user_errors
+from planner.cli_common import print_json, user_errors
 from serving_harness.calibration import load_runs, recalibrate, twin_result
 from serving_harness.engine import Engine, EngineConfig
 from serving_harness.loadgen import measure, run_load, summarise
@@ -387,7 +387,7 @@ def calibrate_command(profile_path, runs_dir, as_json) -> None:
     write_json_atomic(profile_path, data)
     fit = data["provenance"]["calibration"]
     if as_json:
-        click.echo(json.dumps(fit, indent=1))
+        print_json(fit)
         return
     click.echo(f"wrote {profile_path}: scales " + ", ".join(f"{k} {v:.3f}" for k, v in fit["scales"].items())
                + f"; arrival delay {fit['arrival_delay_ms']:.1f} ms; loss {fit['loss_before']:.4f} "
@@ -424,7 +424,7 @@ def rescore_command(profile_id, work_dir, out_dir, duration, warmup, record, as_
     if record:
         record_summary(profile_id, prof, summary, out / "table.json", _command_line())
     if as_json:
-        click.echo(json.dumps(json_safe(summary), indent=1))
+        print_json(summary)
         return
     click.echo(f"{summary['cases']} workloads ({summary['real_starved']} starved in reality); starved agreement "
                f"{summary['starved_agreement_pct']:.1f} %; SMAPE throughput {summary['throughput_smape_pct_all']:.1f} %, "

@@ -95,6 +95,17 @@ def _settle(a, now, ad_state, ad_ready):
 
 
 @nb.njit(cache=True)
+def _reclaimable(protect, now, ad_state, ad_ready, rc, ad_blocks, mem):
+    """Free blocks plus the blocks of every idle adapter but ``protect`` (what evicting them all gives)."""
+    free = mem[0]
+    for a in range(ad_state.shape[0]):
+        _settle(a, now, ad_state, ad_ready)
+        if ad_state[a] == AD_GPU and rc[a] == 0 and a != protect:
+            free += ad_blocks[a]
+    return free
+
+
+@nb.njit(cache=True)
 def _make_room(need, protect, now, mode, ad_state, ad_ready, rc, qc, freq, freq_t, last_used, ad_tokens,
                ad_blocks, load_ms, fp, mem, stats, partial=False):
     """Evict idle adapters until ``need`` blocks are free (``mem[0]``); idle = on the GPU with no
@@ -102,14 +113,8 @@ def _make_room(need, protect, now, mode, ad_state, ad_ready, rc, qc, freq, freq_
     then nothing is evicted, unless ``partial`` (KV for running requests: every block spared is a
     smaller preemption)."""
     na = ad_state.shape[0]
-    if not partial and mem[0] < need:
-        idle = mem[0]
-        for a in range(na):
-            _settle(a, now, ad_state, ad_ready)
-            if ad_state[a] == AD_GPU and rc[a] == 0 and a != protect:
-                idle += ad_blocks[a]
-        if idle < need:
-            return False
+    if not partial and mem[0] < need and _reclaimable(protect, now, ad_state, ad_ready, rc, ad_blocks, mem) < need:
+        return False
     cand = np.zeros(na, np.bool_)
     for tier in range(2):
         while mem[0] < need:
@@ -427,11 +432,7 @@ def simulate_policy_core(
             for j in range(nrun):
                 if bypass_of[running[j]] == r1:
                     held += blocks[running[j]]
-            free = mem[0]  # plus what evicting every idle adapter would give
-            for a in range(na):
-                _settle(a, now, ad_state, ad_ready)
-                if ad_state[a] == AD_GPU and rc[a] == 0:
-                    free += ad_blocks[a]
+            free = _reclaimable(-1, now, ad_state, ad_ready, rc, ad_blocks, mem)
             need1 = ad_blocks[a1] + _kv_check(r1, computed, ntok, block_size, max_batched, full_prompt_admission)
             waiting_head = state[r1] == WAITING and ad_state[a1] == AD_HOST and free < need1
             if waiting_head and held > 0 and free + held >= need1:
