@@ -44,17 +44,17 @@ ITL_HIST_LO, ITL_HIST_BINS_PER_DECADE, ITL_HIST_DECADES = -2.0, 100, 9
 
 @nb.njit(cache=True, inline="always")
 def _tree_update(keys, idxs, size, a, key):
+    """Set leaf ``a`` to ``key`` and replay the matches above it, stopping where a winner is unchanged."""
     pos = size + a
     keys[pos] = key
     pos >>= 1
     while pos >= 1:
         left = 2 * pos
-        if keys[left] <= keys[left + 1]:
-            keys[pos] = keys[left]
-            idxs[pos] = idxs[left]
-        else:
-            keys[pos] = keys[left + 1]
-            idxs[pos] = idxs[left + 1]
+        w = left if keys[left] <= keys[left + 1] else left + 1
+        if keys[pos] == keys[w] and idxs[pos] == idxs[w]:
+            break
+        keys[pos] = keys[w]
+        idxs[pos] = idxs[w]
         pos >>= 1
 
 
@@ -269,6 +269,7 @@ def simulate_core(
         while next_arr < n and arrival[next_arr] <= now:
             r = next_arr
             a = adapter[r]
+            was_empty = stack_top[a] < 0 and arr_ptr[a] == arr_end[a]
             arr_end[a] += 1
             if max_in_flight > 0 and nrun + n_waiting >= max_in_flight:
                 state[r] = REJECTED
@@ -278,8 +279,9 @@ def simulate_core(
                 qkey[r] = r
                 n_waiting += 1
             next_arr += 1
-            _refresh_head(a, state, qkey, ad_list, arr_ptr, arr_end, stack_top, run_count,
-                          all_keys, all_idx, set_keys, set_idx, size)
+            if was_empty:  # otherwise the adapter's head, and so both trees, stay as they are
+                _refresh_head(a, state, qkey, ad_list, arr_ptr, arr_end, stack_top, run_count,
+                              all_keys, all_idx, set_keys, set_idx, size)
 
         while ts_dt > 0 and next_ts <= now and ts_i < n_ts:
             ts[ts_i, 0] = next_ts
@@ -305,7 +307,9 @@ def simulate_core(
         while i < nrun and budget > 0:
             r = running[i]
             num_new = min(ntok[r] - computed[r], budget)
-            need = (computed[r] + num_new + block_size - 1) // block_size - blocks[r]
+            # New blocks: ceil((computed + num_new) / block_size) - blocks, divided only past the last block.
+            need = computed[r] + num_new - blocks[r] * block_size
+            need = (need + block_size - 1) // block_size if need > 0 else 0
             scheduled = True
             while need > free_blocks:
                 v = running[nrun - 1]

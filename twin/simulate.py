@@ -22,6 +22,7 @@ from twin import core
 from twin.errors import InfeasibleError, ProfileError, WorkloadError
 from twin.policies.memory import kv_capacity
 from twin.profile import Profile
+from twin.sorting import group_by
 from twin.workload import LengthModel, PoissonArrivals, Requests, Workload, draw_requests
 
 STARVATION_THRESHOLD = 0.9
@@ -133,9 +134,7 @@ def simulate(
             config.output_tokens or profile.default_output_tokens,
         )
     n_ad = len(workload)
-    ad_order = np.argsort(requests.adapter, kind="stable")
-    ad_start = np.zeros(n_ad + 1, np.int64)
-    np.cumsum(np.bincount(requests.adapter, minlength=n_ad), out=ad_start[1:])
+    ad_start, ad_order = group_by(np.asarray(requests.adapter, np.int64), n_ad)
     load_ms = np.array([profile.adapter_load.load_ms(rank, a.rank) for a in workload.adapters])
     lat = np.array(profile.step_latency.as_array())
     so = profile.scheduler_overhead
@@ -157,7 +156,7 @@ def simulate(
     usable_blocks = kv_tokens // eng.block_size - 1  # vLLM keeps one null block
     (state, first_tok, finish, itl_sum, itl_cnt, itl_hist, counters, busy_s, ts, trace) = core.simulate_core(
         arrival, requests.adapter, requests.input_tokens, requests.output_tokens,
-        ad_start, ad_order.astype(np.int64), load_ms,
+        ad_start, ad_order, load_ms,
         float(config.duration_s), int(config.a_max), int(usable_blocks), int(eng.block_size),
         int(eng.max_num_batched_tokens), int(eng.max_num_seqs),
         eng.admission_rule == "full_prompt", lat, sched,
