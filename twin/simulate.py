@@ -154,8 +154,9 @@ def simulate(
         res.policy, res.policy_stats = config.policy.name, stats
         return res
     usable_blocks = kv_tokens // eng.block_size - 1  # vLLM keeps one null block
+    # Unsigned adapter ids spare numba's negative-index checks (see core.step_buffers).
     (state, first_tok, finish, itl_sum, itl_cnt, itl_hist, counters, busy_s, ts, trace) = core.simulate_core(
-        arrival, requests.adapter, requests.input_tokens, requests.output_tokens,
+        arrival, requests.adapter.astype(np.uint64), requests.input_tokens, requests.output_tokens,
         ad_start, ad_order, load_ms,
         float(config.duration_s), int(config.a_max), int(usable_blocks), int(eng.block_size),
         int(eng.max_num_batched_tokens), int(eng.max_num_seqs),
