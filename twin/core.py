@@ -198,6 +198,26 @@ def _refresh_head(a, state, qkey, ad_list, arr_ptr, arr_end, stack_top, run_coun
 
 
 @nb.njit(cache=True)
+def group_by(keys, n_groups):
+    """(starts, members): ``members[starts[g]:starts[g+1]]`` lists the positions holding key ``g`` in order,
+    i.e. ``np.argsort(keys, kind="stable")`` for keys in ``[0, n_groups)`` as a counting sort (the
+    per-adapter request lists of :func:`simulate_core`; a general sort of millions of requests costs
+    as much as a tenth of a simulation)."""
+    starts = np.zeros(n_groups + 1, np.int64)
+    for i in range(keys.shape[0]):
+        starts[keys[i] + 1] += 1
+    for g in range(n_groups):
+        starts[g + 1] += starts[g]
+    fill = starts[:-1].copy()
+    members = np.empty(keys.shape[0], np.int64)
+    for i in range(keys.shape[0]):
+        g = keys[i]
+        members[fill[g]] = i
+        fill[g] += 1
+    return starts, members
+
+
+@nb.njit(cache=True)
 def simulate_core(
     arrival, adapter, in_len, out_len,  # requests, sorted by arrival
     ad_start, ad_list,  # per-adapter request lists (CSR, arrival order)

@@ -22,7 +22,6 @@ from twin import core
 from twin.errors import InfeasibleError, ProfileError, WorkloadError
 from twin.policies.memory import kv_capacity
 from twin.profile import Profile
-from twin.sorting import group_by
 from twin.workload import LengthModel, PoissonArrivals, Requests, Workload, draw_requests
 
 STARVATION_THRESHOLD = 0.9
@@ -134,7 +133,7 @@ def simulate(
             config.output_tokens or profile.default_output_tokens,
         )
     n_ad = len(workload)
-    ad_start, ad_order = group_by(np.asarray(requests.adapter, np.int64), n_ad)
+    ad_start, ad_order = core.group_by(np.asarray(requests.adapter, np.int64), n_ad)
     load_ms = np.array([profile.adapter_load.load_ms(rank, a.rank) for a in workload.adapters])
     lat = np.array(profile.step_latency.as_array())
     so = profile.scheduler_overhead

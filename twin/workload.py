@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from twin.errors import WorkloadError
-from twin.sorting import stable_argsort
 
 
 @dataclass(frozen=True)
@@ -165,7 +164,7 @@ def draw_requests(
         ads.append(np.full(t.shape[0], i, np.int64))
     arrival = np.concatenate(times) if times else np.empty(0)
     adapter = np.concatenate(ads) if ads else np.empty(0, np.int64)
-    order = stable_argsort(arrival)
+    order = np.argsort(arrival, kind="stable")
     arrival, adapter = arrival[order], adapter[order]
     mean_in = np.array([a.input_tokens or default_input_tokens for a in workload.adapters])[adapter]
     mean_out = np.array([a.output_tokens or default_output_tokens for a in workload.adapters])[adapter]
