@@ -133,7 +133,8 @@ def simulate(
             config.output_tokens or profile.default_output_tokens,
         )
     n_ad = len(workload)
-    ad_start, ad_order = core.group_by(np.asarray(requests.adapter, np.int64), n_ad)
+    adapter = np.ascontiguousarray(requests.adapter, np.int64)
+    ad_start, ad_order = core.group_by(adapter, n_ad)
     load_ms = np.array([profile.adapter_load.load_ms(rank, a.rank) for a in workload.adapters])
     lat = np.array(profile.step_latency.as_array())
     so = profile.scheduler_overhead
@@ -153,9 +154,9 @@ def simulate(
         res.policy, res.policy_stats = config.policy.name, stats
         return res
     usable_blocks = kv_tokens // eng.block_size - 1  # vLLM keeps one null block
-    # Unsigned adapter ids spare numba's negative-index checks (see core.step_buffers).
     (state, first_tok, finish, itl_sum, itl_cnt, itl_hist, counters, busy_s, ts, trace) = core.simulate_core(
-        arrival, requests.adapter.astype(np.uint64), requests.input_tokens, requests.output_tokens,
+        # Unsigned adapter ids spare numba's negative-index checks (see core.step_buffers).
+        arrival, adapter.view(np.uint64), requests.input_tokens, requests.output_tokens,
         ad_start, ad_order, load_ms,
         float(config.duration_s), int(config.a_max), int(usable_blocks), int(eng.block_size),
         int(eng.max_num_batched_tokens), int(eng.max_num_seqs),
