@@ -1,4 +1,5 @@
-"""``planner synth``, ``planner profile`` and ``planner validate``: measure real vLLM, fit and check a profile."""
+"""``planner synth``, ``planner profile``, ``planner validate``: measure real vLLM, fit and check a profile;
+``planner calibrate`` and ``planner rescore`` redo the fit and the check from stored runs, without vLLM."""
 
 from __future__ import annotations
 
@@ -200,6 +201,10 @@ def validate(profile_id, model_dir, cases, duration, warmup, seed, work_dir, out
     summary = report(rows, out, prof.profile_id, run_meta(_command_line(), duration, warmup, seed))
     if record:
         record_summary(profile_id, prof, summary, out / "table.json", _command_line())
+    _print_summary(summary, out, as_json)
+
+
+def _print_summary(summary: dict, out: Path, as_json: bool) -> None:
     if as_json:
         print_json(summary)
         return
@@ -209,3 +214,74 @@ def validate(profile_id, model_dir, cases, duration, warmup, seed, work_dir, out
         click.echo(f"  {name:10s} SMAPE all {summary[f'{name}_smape_pct_all']:6.2f} %  starved "
                    f"{summary[f'{name}_smape_pct_starved']:6.2f} %  not starved {summary[f'{name}_smape_pct_not_starved']:6.2f} %")
     click.echo(f"wrote {out}/table.json, table.csv, twin_vs_real.png")
+
+
+@click.command()
+@click.option("--profile", "profile_path", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="Calibrated profile JSON; rewritten with the new fit (its validation figures are dropped).")
+@click.option("--runs", "runs_dir", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Calibration runs [default: the profile's provenance.calibration.runs].")
+@click.option("--json", "as_json", is_flag=True, help="Print provenance.calibration as JSON.")
+@user_errors
+def calibrate(profile_path, runs_dir, as_json) -> None:
+    """Refit a profile's step-latency calibration (scales, arrival delay) to its stored runs, without vLLM.
+
+    The runs are those `planner profile` made after fitting (calibration cases); the fit and the
+    command are recorded in the profile's provenance. Rerun `planner rescore --record` afterwards.
+
+    \b
+    Example:
+      planner calibrate --profile artifacts/profiles/cpu-2core-tiny-llama.json
+    """
+    from serving_harness.calibration import recalibrate
+    from twin.atomic import write_json_atomic
+
+    data = recalibrate(profile_path, _command_line(), runs_dir)
+    write_json_atomic(profile_path, data)
+    fit = data["provenance"]["calibration"]
+    if as_json:
+        print_json(fit)
+        return
+    click.echo(f"wrote {profile_path}: scales " + ", ".join(f"{k} {v:.3f}" for k, v in fit["scales"].items())
+               + f"; arrival delay {fit['arrival_delay_ms']:.1f} ms; loss {fit['loss_before']:.4f} "
+               f"-> {fit['loss_scales_only']:.4f} (scales) -> {fit['loss_after']:.4f}")
+
+
+@click.command()
+@click.option("--profile", "profile_id", required=True, help="Profile id or JSON path.")
+@click.option("--work-dir", required=True, type=click.Path(exists=True, file_okay=False),
+              help="A `planner validate` work dir (cases/*.json, runs/*-requests.parquet).")
+@click.option("--out-dir", type=click.Path(file_okay=False), default=None,
+              help="table.json, table.csv, twin_vs_real.png [default: artifacts/validation/ID].")
+@click.option("--duration", type=click.FloatRange(min=1), default=30.0, show_default=True,
+              help="Seconds of arrivals per workload (as the runs were made).")
+@click.option("--warmup", type=click.FloatRange(min=0), default=5.0, show_default=True,
+              help="Seconds excluded from the measurement window.")
+@click.option("--record", is_flag=True, help="Also store the summary in the profile JSON's `validation` field.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@user_errors
+def rescore(profile_id, work_dir, out_dir, duration, warmup, record, as_json) -> None:
+    """Score a profile's twin against real runs stored by `planner validate`, without vLLM.
+
+    Replays each stored workload's very requests through the twin and writes the same table, CSV
+    and plot as `planner validate` (e.g. after `planner calibrate` or a change to the twin).
+
+    \b
+    Example:
+      planner rescore --profile cpu-2core-tiny-llama \\
+          --work-dir datasets/measured/cpu-2core-tiny-llama/validation --record
+    """
+    import json
+
+    from serving_harness.validation import compare, record_summary, report, run_meta, stored_rows
+    from twin.profile import artifacts_dir, load_profile
+
+    prof, work = load_profile(profile_id), Path(work_dir)
+    rows = compare(prof, work, stored_rows(prof, work), duration, warmup)
+    saved = work / "workloads.json"
+    seed = json.loads(saved.read_text(encoding="utf-8"))["seed"] if saved.is_file() else None
+    out = Path(out_dir) if out_dir else artifacts_dir() / "validation" / prof.profile_id
+    summary = report(rows, out, prof.profile_id, run_meta(_command_line(), duration, warmup, seed))
+    if record:
+        record_summary(profile_id, prof, summary, out / "table.json", _command_line())
+    _print_summary(summary, out, as_json)

@@ -8,9 +8,8 @@ synthetic adapters) and through the twin with the very same requests (trace repl
 window convention: arrivals over [0, duration), measurement window [warmup, duration], requests
 unfinished at ``duration`` not counted. Each case's result is saved as it completes (a rerun
 resumes); :func:`report` writes the table (JSON + CSV) and a PNG of twin vs real.
-
-Run as ``python -m serving_harness.validation`` (from the repository root), this module recomputes a
-profile's calibration and its validation table from stored runs, without vLLM (see :func:`main`).
+:func:`stored_rows` reads the saved cases back, so ``planner rescore`` recomputes the table from
+stored runs without vLLM.
 """
 
 from __future__ import annotations
@@ -20,19 +19,15 @@ import csv
 import io
 import json
 import os
-import shlex
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import click
 import numpy as np
 
-from planner.cli_common import print_json, user_errors
-from serving_harness.calibration import load_runs, recalibrate, twin_result
+from serving_harness.calibration import load_runs, twin_result
 from serving_harness.engine import Engine, EngineConfig
 from serving_harness.loadgen import measure, run_load, summarise
 from serving_harness.metrics import fetch_samples, series_values
@@ -40,7 +35,7 @@ from serving_harness.synth import model_shape, write_adapters
 from twin.atomic import json_safe, write_bytes_atomic, write_json_atomic, write_text_atomic
 from twin.errors import BadInputError
 from twin.metrics import smape
-from twin.profile import Profile, artifacts_dir, load_profile, profiles_dir
+from twin.profile import Profile, artifacts_dir, profiles_dir
 from twin.simulate import SimConfig, simulate
 from twin.workload import Adapter, LengthModel, Workload, draw_requests
 
@@ -338,7 +333,7 @@ def record_summary(profile_id: str, profile: Profile, summary: dict, table: Path
 
 
 # ----------------------------------------------------------------------------------------------
-# Offline: the calibration and the validation table recomputed from stored runs (no vLLM)
+# Offline: the validation table recomputed from stored runs (no vLLM)
 
 
 def stored_rows(profile: Profile, work_dir: Path) -> list[dict]:
@@ -351,85 +346,3 @@ def stored_rows(profile: Profile, work_dir: Path) -> list[dict]:
     if not paths:
         raise BadInputError(f"{work_dir}: no saved cases (cases/*.json of `planner validate`)")
     return [json.loads(p.read_text(encoding="utf-8")) for p in paths]
-
-
-def _command_line() -> str:
-    return shlex.join(["python", "-m", "serving_harness.validation", *sys.argv[1:]])
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-def main() -> None:
-    """Recompute a profile's calibration and validation table from stored real runs, without vLLM.
-
-    \b
-    Example (from the repository root):
-      python -m serving_harness.validation calibrate --profile artifacts/profiles/cpu-2core-tiny-llama.json
-      python -m serving_harness.validation rescore --profile cpu-2core-tiny-llama \\
-          --work-dir datasets/measured/cpu-2core-tiny-llama/validation --record
-    """
-
-
-@main.command("calibrate")
-@click.option("--profile", "profile_path", required=True, type=click.Path(exists=True, dir_okay=False),
-              help="Calibrated profile JSON; rewritten with the new fit (its validation figures are dropped).")
-@click.option("--runs", "runs_dir", type=click.Path(exists=True, file_okay=False), default=None,
-              help="Calibration runs [default: the profile's provenance.calibration.runs].")
-@click.option("--json", "as_json", is_flag=True, help="Print provenance.calibration as JSON.")
-@user_errors
-def calibrate_command(profile_path, runs_dir, as_json) -> None:
-    """Refit the step latency's calibration (scales and arrival delay) to the stored runs.
-
-    \b
-    Example:
-      python -m serving_harness.validation calibrate --profile artifacts/profiles/cpu-2core-tiny-llama.json
-    """
-    data = recalibrate(profile_path, _command_line(), runs_dir)
-    write_json_atomic(profile_path, data)
-    fit = data["provenance"]["calibration"]
-    if as_json:
-        print_json(fit)
-        return
-    click.echo(f"wrote {profile_path}: scales " + ", ".join(f"{k} {v:.3f}" for k, v in fit["scales"].items())
-               + f"; arrival delay {fit['arrival_delay_ms']:.1f} ms; loss {fit['loss_before']:.4f} "
-               f"-> {fit['loss_scales_only']:.4f} (scales) -> {fit['loss_after']:.4f}")
-
-
-@main.command("rescore")
-@click.option("--profile", "profile_id", required=True, help="Profile id or JSON path.")
-@click.option("--work-dir", required=True, type=click.Path(exists=True, file_okay=False),
-              help="A `planner validate` work dir (cases/*.json, runs/*-requests.parquet).")
-@click.option("--out-dir", type=click.Path(file_okay=False), default=None,
-              help="table.json, table.csv, twin_vs_real.png [default: artifacts/validation/ID].")
-@click.option("--duration", type=click.FloatRange(min=1), default=30.0, show_default=True,
-              help="Seconds of arrivals per workload (as the runs were made).")
-@click.option("--warmup", type=click.FloatRange(min=0), default=5.0, show_default=True,
-              help="Seconds excluded from the measurement window.")
-@click.option("--record", is_flag=True, help="Also store the summary in the profile JSON's `validation` field.")
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-@user_errors
-def rescore_command(profile_id, work_dir, out_dir, duration, warmup, record, as_json) -> None:
-    """Score the profile's twin against the real runs stored in --work-dir (table, CSV, plot).
-
-    \b
-    Example:
-      python -m serving_harness.validation rescore --profile cpu-2core-tiny-llama \\
-          --work-dir datasets/measured/cpu-2core-tiny-llama/validation
-    """
-    prof, work = load_profile(profile_id), Path(work_dir)
-    rows = compare(prof, work, stored_rows(prof, work), duration, warmup)
-    saved = work / "workloads.json"
-    seed = json.loads(saved.read_text(encoding="utf-8"))["seed"] if saved.is_file() else None
-    out = Path(out_dir) if out_dir else artifacts_dir() / "validation" / prof.profile_id
-    summary = report(rows, out, prof.profile_id, run_meta(_command_line(), duration, warmup, seed))
-    if record:
-        record_summary(profile_id, prof, summary, out / "table.json", _command_line())
-    if as_json:
-        print_json(summary)
-        return
-    click.echo(f"{summary['cases']} workloads ({summary['real_starved']} starved in reality); starved agreement "
-               f"{summary['starved_agreement_pct']:.1f} %; SMAPE throughput {summary['throughput_smape_pct_all']:.1f} %, "
-               f"ITL {summary['itl_smape_pct_all']:.1f} %, TTFT {summary['ttft_smape_pct_all']:.1f} %; wrote {out}")
-
-
-if __name__ == "__main__":
-    main()

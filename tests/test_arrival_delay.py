@@ -12,7 +12,8 @@ from click.testing import CliRunner
 from conftest import make_profile_dict
 
 from models.surrogate import simulation_hash
-from serving_harness import calibration, validation
+from planner.cli import main as planner_cli
+from serving_harness import calibration
 from serving_harness.loadgen import RunRecords
 from twin import Adapter, ProfileError, SimConfig, Workload, draw_requests, load_profile, simulate, trace_requests
 from twin.policies import policy_from_name
@@ -113,15 +114,15 @@ def test_offline_calibrate_and_rescore_from_stored_runs(tmp_path, make_profile):
         "validation": {"itl_smape_pct_all": 99.0}}), encoding="utf-8")
     runner = CliRunner()
 
-    out = runner.invoke(validation.main, ["calibrate", "--profile", str(path)])
+    out = runner.invoke(planner_cli, ["calibrate", "--profile", str(path)])
     assert out.exit_code == 0, out.output
     data = json.loads(path.read_text(encoding="utf-8"))
     fit = data["provenance"]["calibration"]
     assert fit["arrival_delay_ms"] == pytest.approx(30.0, abs=2.0)
-    assert fit["command"].startswith("python -m serving_harness.validation") and "validation" not in data
+    assert fit["command"].startswith("planner ") and "validation" not in data
     assert data["step_latency_ms"]["arrival_delay_ms"] == fit["arrival_delay_ms"]
 
-    out = runner.invoke(validation.main, ["rescore", "--profile", str(path), "--work-dir", str(val),
+    out = runner.invoke(planner_cli, ["rescore", "--profile", str(path), "--work-dir", str(val),
                                           "--out-dir", str(tmp_path / "out"), "--duration", "20", "--warmup", "2",
                                           "--record"])
     assert out.exit_code == 0, out.output
@@ -129,5 +130,5 @@ def test_offline_calibrate_and_rescore_from_stored_runs(tmp_path, make_profile):
     assert summary["cases"] == 3 and summary["throughput_smape_pct_all"] < 2.0
     assert json.loads(path.read_text(encoding="utf-8"))["validation"]["itl_smape_pct_all"] == summary["itl_smape_pct_all"]
 
-    out = runner.invoke(validation.main, ["rescore", "--profile", str(path), "--work-dir", str(cal)])
+    out = runner.invoke(planner_cli, ["rescore", "--profile", str(path), "--work-dir", str(cal)])
     assert out.exit_code == 2 and "calibrated on" in out.output
