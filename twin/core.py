@@ -93,12 +93,9 @@ def request_state(in_len):
 @nb.njit(cache=True)
 def step_buffers(n, max_num_seqs, max_batched, duration, ts_dt, trace_cap):
     """Scratch of one engine step (running list, scheduled requests and tokens, batch adapters) and the
-    recorded outputs (ITL histogram, time series, event trace) of both engine loops.
-
-    Request indices are unsigned: numba then skips its negative-index wraparound on each of the many
-    per-request array accesses of a step (about 1.3x on the whole loop)."""
-    running = np.zeros(max(1, min(n, max_num_seqs)), np.uint64)
-    sched_req = np.zeros(max_batched + max_num_seqs, np.uint64)
+    recorded outputs (ITL histogram, time series, event trace) of both engine loops."""
+    running = np.zeros(max(1, min(n, max_num_seqs)), np.int64)
+    sched_req = np.zeros(max_batched + max_num_seqs, np.int64)
     sched_tok = np.zeros(max_batched + max_num_seqs, np.int64)
     batch_ads = np.zeros(max_batched + max_num_seqs, np.int64)
     itl_hist = np.zeros(ITL_HIST_BINS_PER_DECADE * ITL_HIST_DECADES + 2, np.int64)
@@ -268,6 +265,10 @@ def simulate_core(
 
     running, sched_req, sched_tok, batch_ads, itl_hist, ts, trace = step_buffers(
         n, max_num_seqs, max_batched, duration, ts_dt, trace_cap)
+    # Unsigned request indices (and adapter ids, see simulate()) spare numba's negative-index wraparound
+    # on each of the many per-request array accesses of a step: about 1.3x on the whole loop.
+    running = running.view(np.uint64)
+    sched_req = sched_req.view(np.uint64)
     n_hist = itl_hist.shape[0] - 2
     n_ts = ts.shape[0]
     ts_i = 0

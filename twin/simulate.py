@@ -155,7 +155,7 @@ def simulate(
         return res
     usable_blocks = kv_tokens // eng.block_size - 1  # vLLM keeps one null block
     (state, first_tok, finish, itl_sum, itl_cnt, itl_hist, counters, busy_s, ts, trace) = core.simulate_core(
-        # Unsigned adapter ids spare numba's negative-index checks (see core.step_buffers).
+        # Unsigned adapter ids spare numba's negative-index checks (see core.simulate_core).
         arrival, adapter.view(np.uint64), requests.input_tokens, requests.output_tokens,
         ad_start, ad_order, load_ms,
         float(config.duration_s), int(config.a_max), int(usable_blocks), int(eng.block_size),
