@@ -106,6 +106,11 @@ class SurrogateArtifact:
     forests: dict[str, FlatForest]
 
 
+def artifact_dir(profile: Profile, directory: str | Path | None = None, policy: PolicySpec | None = None) -> Path:
+    """``directory``, or the shipped place of ``profile``'s artifact under ``policy``."""
+    return Path(directory) if directory else surrogate_dir(profile.profile_id, policy)
+
+
 def _rebuild_hint(profile: Profile, policy: PolicySpec | None) -> tuple[str, str]:
     train = f"planner train --profile {profile.profile_id}" + ("" if policy is None else f" --policy {policy.name}")
     return train, f"rebuild it with `{train}`"
@@ -115,7 +120,7 @@ def artifact_metadata(profile: Profile, directory: str | Path | None = None,
                       policy: PolicySpec | None = None) -> dict[str, Any]:
     """The metadata of ``profile``'s artifact under serving ``policy`` (None: stock vLLM), checked
     against the profile, the policy and this feature set; ProfileError if it does not fit."""
-    d = Path(directory) if directory else surrogate_dir(profile.profile_id, policy)
+    d = artifact_dir(profile, directory, policy)
     record = policy_record(policy)
     train, rebuild = _rebuild_hint(profile, policy)
     if not has_artifact(profile, d):
@@ -148,7 +153,7 @@ def artifact_metadata(profile: Profile, directory: str | Path | None = None,
 def load_artifact(profile: Profile, directory: str | Path | None = None,
                   policy: PolicySpec | None = None) -> SurrogateArtifact:
     """The artifact of ``profile`` under serving ``policy`` (None: stock vLLM); ProfileError if none fits."""
-    d = Path(directory) if directory else surrogate_dir(profile.profile_id, policy)
+    d = artifact_dir(profile, directory, policy)
     meta = artifact_metadata(profile, d, policy)
     return SurrogateArtifact(meta, _read_forests(d, meta, _rebuild_hint(profile, policy)[1]))
 
@@ -191,7 +196,7 @@ class SurrogatePredictor:
         self.policy = policy
         self.threads = threads
         self._capacity = kv_capacity(profile, policy)
-        d = Path(directory) if directory else surrogate_dir(profile.profile_id, policy)
+        d = artifact_dir(profile, directory, policy)
         self.metadata = artifact_metadata(profile, d, policy)
         packed = load_packed(self.metadata["arrays_sha256"], FOREST_NAMES)
         if packed is None:

@@ -186,25 +186,29 @@ def validate(profile_id, model_dir, cases, duration, warmup, seed, work_dir, out
     Example:
       planner validate --profile cpu-2core-tiny-llama --model work/tiny/model --cases 32
     """
-    from serving_harness.validation import Validator, record_summary, report, run_meta
+    from serving_harness.validation import Validator
     from twin.errors import BadInputError
-    from twin.profile import artifacts_dir, load_profile
+    from twin.profile import load_profile
 
     prof = load_profile(profile_id)
     model = model_dir or prof.model.get("path")
     if not model or not Path(model).is_dir():
         raise BadInputError(f"model directory {model!r} not found; pass --model (e.g. from `planner synth`)")
     work = Path(work_dir) if work_dir else Path("validation-work") / prof.profile_id
-    out = Path(out_dir) if out_dir else artifacts_dir() / "validation" / prof.profile_id
     validator = Validator(prof, str(Path(model)), work, duration, warmup, python, _progress_bar("validating"))
     rows = validator.compare(validator.run(validator.workload_set(cases, seed)))
+    _write_table(profile_id, prof, rows, out_dir, duration, warmup, seed, record, as_json)
+
+
+def _write_table(profile_id, prof, rows, out_dir, duration, warmup, seed, record, as_json) -> None:
+    """Report the compared ``rows`` (table, CSV, plot; the summary in the profile with ``record``) and print."""
+    from serving_harness.validation import record_summary, report, run_meta
+    from twin.profile import artifacts_dir
+
+    out = Path(out_dir) if out_dir else artifacts_dir() / "validation" / prof.profile_id
     summary = report(rows, out, prof.profile_id, run_meta(_command_line(), duration, warmup, seed))
     if record:
         record_summary(profile_id, prof, summary, out / "table.json", _command_line())
-    _print_summary(summary, out, as_json)
-
-
-def _print_summary(summary: dict, out: Path, as_json: bool) -> None:
     if as_json:
         print_json(summary)
         return
@@ -273,15 +277,11 @@ def rescore(profile_id, work_dir, out_dir, duration, warmup, record, as_json) ->
     """
     import json
 
-    from serving_harness.validation import compare, record_summary, report, run_meta, stored_rows
-    from twin.profile import artifacts_dir, load_profile
+    from serving_harness.validation import compare, stored_rows
+    from twin.profile import load_profile
 
     prof, work = load_profile(profile_id), Path(work_dir)
     rows = compare(prof, work, stored_rows(prof, work), duration, warmup)
     saved = work / "workloads.json"
     seed = json.loads(saved.read_text(encoding="utf-8"))["seed"] if saved.is_file() else None
-    out = Path(out_dir) if out_dir else artifacts_dir() / "validation" / prof.profile_id
-    summary = report(rows, out, prof.profile_id, run_meta(_command_line(), duration, warmup, seed))
-    if record:
-        record_summary(profile_id, prof, summary, out / "table.json", _command_line())
-    _print_summary(summary, out, as_json)
+    _write_table(profile_id, prof, rows, out_dir, duration, warmup, seed, record, as_json)

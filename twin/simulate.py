@@ -133,8 +133,6 @@ def simulate(
             config.output_tokens or profile.default_output_tokens,
         )
     n_ad = len(workload)
-    adapter = np.ascontiguousarray(requests.adapter, np.int64)
-    ad_start, ad_order = core.group_by(adapter, n_ad)
     load_ms = np.array([profile.adapter_load.load_ms(rank, a.rank) for a in workload.adapters])
     lat = np.array(profile.step_latency.as_array())
     so = profile.scheduler_overhead
@@ -154,6 +152,8 @@ def simulate(
         res.policy, res.policy_stats = config.policy.name, stats
         return res
     usable_blocks = kv_tokens // eng.block_size - 1  # vLLM keeps one null block
+    adapter = np.ascontiguousarray(requests.adapter, np.int64)
+    ad_start, ad_order = core.group_by(adapter, n_ad)
     (state, first_tok, finish, itl_sum, itl_cnt, itl_hist, counters, busy_s, ts, trace) = core.simulate_core(
         # Unsigned adapter ids spare numba's negative-index checks (see core.simulate_core).
         arrival, adapter.view(np.uint64), requests.input_tokens, requests.output_tokens,
