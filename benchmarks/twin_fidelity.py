@@ -2,6 +2,7 @@
 
     python benchmarks/twin_fidelity.py [--profile h100-64gb-qwen2.5-7b] [--latency default|with-prefill]
     python benchmarks/twin_fidelity.py --kp 0.02      # the default model plus a prompt-token cost
+    python benchmarks/twin_fidelity.py --length-cv 0  # constant lengths instead of the profile's
 
 The twin gets only what a user knows — adapter count and ranks, the rate set, A_max, max rank
 and the mean prompt/output lengths of the run's prompt pool — never the real arrival times. The
@@ -9,9 +10,12 @@ rank↔rate pairing of a run was not logged, so it is drawn at random (seeded). 
 opened one TCP connection per request and so could hold at most ~28k requests in flight (Linux's
 default ephemeral port range, 32768–60999: 28232 ports; the runs peak at 27.7k running+waiting);
 the twin models that client with ``max_in_flight=28232`` (``--no-client-cap`` turns it off).
+Request lengths are drawn around those means as the profile says (``defaults.length_cv``);
+``--length-cv`` overrides it (0 = every request at the mean).
 
 Runs are split by scenario: the ranks-{8,16} runs are the *calibration half* (the only constant
-chosen with real runs, the ``with-prefill`` variant's kp, was picked on them), the ranks-{8,16,32}
+chosen with real runs, the profile's length_cv, and the ``with-prefill`` variant's kp were picked
+on them), the ranks-{8,16,32}
 runs are *held out*. Errors are reported per half and per regime (real starved / not starved)
 next to a trivial predictor, min(0.98 × arriving token rate, saturation throughput), and the
 study's own twin. SMAPE here is the standard one, 100·mean(2|p−r|/(|p|+|r|)).
@@ -26,6 +30,7 @@ import csv
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -33,9 +38,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from twin.metrics import smape  # noqa: E402
-from twin import Adapter, SimConfig, Workload, load_profile, simulate  # noqa: E402
-from twin.atomic import write_json_atomic  # noqa: E402
+from twin import Adapter, SimConfig, Workload, load_profile, simulate
+from twin.atomic import write_json_atomic
+from twin.metrics import smape
 
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "reference-h100-64gb"
 CLIENT_PORTS = 60999 - 32768 + 1
@@ -60,12 +65,12 @@ def run_workload(run: dict, seed: int) -> Workload:
 
 
 def simulate_run(args) -> dict:
-    run, profile_id, latency, seeds, client_cap, override = args
+    run, profile_id, latency, seeds, client_cap, override, length_cv = args
     profile = load_profile(profile_id).with_latency_variant(latency)
     if override:
-        from dataclasses import replace
-
         profile = replace(profile, step_latency=replace(profile.step_latency, **override))
+    if length_cv is not None:
+        profile = replace(profile, default_length_cv=length_cv)
     outs = []
     for seed in range(seeds):
         res = simulate(run_workload(run, seed), profile, SimConfig(
@@ -117,17 +122,17 @@ def evaluate(runs, preds, sat_thr) -> dict:
     return out
 
 
-def predict(runs, profile_id, latency, seeds, client_cap, override=None, jobs=2):
-    work = [(r, profile_id, latency, seeds, client_cap, override) for r in runs]
+def predict(runs, profile_id, latency, seeds, client_cap, override=None, jobs=2, length_cv=None):
+    work = [(r, profile_id, latency, seeds, client_cap, override, length_cv) for r in runs]
     with ProcessPoolExecutor(jobs) as ex:
         return list(ex.map(simulate_run, work, chunksize=4))
 
 
-def saturation_throughput(profile_id, latency) -> float:
+def saturation_throughput(profile_id, latency, length_cv=None) -> float:
     """The twin's throughput for a deeply overloaded server (trivial predictor's cap)."""
     run = {"n_rank_8": 16, "n_rank_16": 16, "n_rank_32": 0, "rate_counts": "1.6:32", "pool_mean_in": 222.7,
            "pool_mean_out": 200.0, "A_max": 32, "S_max": 16, "total_time_s": 600}
-    return simulate_run((run, profile_id, latency, 1, True, None))["total_throughput_tok_s"]
+    return simulate_run((run, profile_id, latency, 1, True, None, length_cv))["total_throughput_tok_s"]
 
 
 def main(argv=None) -> None:
@@ -139,17 +144,23 @@ def main(argv=None) -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--no-client-cap", action="store_true")
     ap.add_argument("--kp", type=float, default=None, help="override the prompt-token cost kp (ms/token)")
+    ap.add_argument("--length-cv", type=float, default=None,
+                    help="override the profile's request-length CV (0 = constant lengths)")
     ap.add_argument("--out", type=Path, default=ROOT / "artifacts" / "benchmarks" / "twin_fidelity.json")
     args = ap.parse_args(argv)
     runs = load_runs(args.data)
     override = None if args.kp is None else {"kp": args.kp}
     t0 = time.time()
-    preds = predict(runs, args.profile, args.latency, args.seeds, not args.no_client_cap, override, args.jobs)
-    sat = saturation_throughput(args.profile, args.latency)
+    preds = predict(runs, args.profile, args.latency, args.seeds, not args.no_client_cap, override, args.jobs,
+                    args.length_cv)
+    sat = saturation_throughput(args.profile, args.latency, args.length_cv)
+    profile = load_profile(args.profile)
     table = evaluate(runs, preds, sat)
     result = {
         "benchmark": "twin_fidelity", "command": "python " + " ".join(sys.argv),
         "profile": args.profile, "latency_model": args.latency, "kp_override": args.kp,
+        "length_cv": profile.default_length_cv if args.length_cv is None else args.length_cv,
+        "length_cv_override": args.length_cv,
         "seeds_per_run": args.seeds, "client_cap": None if args.no_client_cap else CLIENT_PORTS,
         "smape": "standard: 100*mean(2|p-r|/(|p|+|r|))", "saturation_throughput_tok_s": sat,
         "mean_sim_wall_s": float(np.mean([p["sim_wall_s"] for p in preds])),
@@ -161,6 +172,7 @@ def main(argv=None) -> None:
     }
     tag = "" if args.latency == "default" else f"_{args.latency}"
     tag += "" if args.kp is None else f"_kp{args.kp}"
+    tag += "" if args.length_cv is None else f"_cv{args.length_cv:g}"
     out = args.out.with_name(f"{args.out.stem}{tag}.json")
     write_json_atomic(out, result)
     for half in ("all", "calibration_half", "held_out"):

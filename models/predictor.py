@@ -74,7 +74,7 @@ class Predictor(Protocol):
 
 @dataclass
 class TwinPredictor:
-    """Answers by simulating each scenario (Poisson arrivals, constant lengths, fixed seed); ``jobs`` > 1
+    """Answers by simulating each scenario (Poisson arrivals, the profile's length model, fixed seed); ``jobs`` > 1
     simulates the scenarios of one call in that many forked processes."""
 
     profile: Profile

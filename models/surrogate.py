@@ -59,6 +59,11 @@ def simulation_hash(profile: Profile, policy: PolicySpec | None = None) -> str:
              (so.k1_us, so.k2_us, so.k3_us, so.intercept_us),
              sorted((r, sorted(v.items())) for r, v in profile.adapter_load.ms.items()),
              profile.default_input_tokens, profile.default_output_tokens)
+    # Terms absent from a profile add nothing, so hashes made before they existed still hold.
+    if profile.step_latency.l3:
+        parts += (("l3", profile.step_latency.l3),)
+    if profile.default_length_cv:
+        parts += (("length_cv", profile.default_length_cv),)
     if policy is not None:
         t = profile.policy_terms
         parts += (sorted(t.adapter_kv_tokens.items()), t.cpu_lora_us_per_token_rank, sorted(policy.to_dict().items()))

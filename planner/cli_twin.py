@@ -64,9 +64,11 @@ def profiles(as_json: bool) -> None:
               help="Mean prompt tokens for adapters without input_tokens [profile default].")
 @click.option("--output-tokens", type=click.FloatRange(min=1), default=None,
               help="Mean output tokens for adapters without output_tokens [profile default].")
-@click.option("--lengths", type=click.Choice(["constant", "lognormal"]), default="constant", show_default=True,
-              help="Request lengths: every request at the mean, or log-normal around it (--length-cv).")
-@click.option("--length-cv", type=click.FloatRange(min=0), default=1.0, show_default=True)
+@click.option("--lengths", type=click.Choice(["constant", "lognormal"]), default=None,
+              help="Request lengths: every request at the mean, or log-normal around it (--length-cv) "
+                   "[default: the profile's, log-normal where it sets a length_cv].")
+@click.option("--length-cv", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Coefficient of variation of log-normal lengths [default: the profile's, else 1.0].")
 @click.option("--max-in-flight", type=click.IntRange(min=0), default=0, show_default=True,
               help="Client cap on requests in flight (arrivals beyond it fail); 0 = none.")
 @click.option("--latency-model", default="default", show_default=True,
@@ -90,7 +92,6 @@ def simulate(workload, a_max, profile_id, duration, warmup, seed, arrivals, inpu
     from planner.workload_csv import read_workload
     from twin import (
         DEFAULT_PROFILE_ID,
-        LengthModel,
         PoissonArrivals,
         SimConfig,
         UnpredictableArrivals,
@@ -103,7 +104,7 @@ def simulate(workload, a_max, profile_id, duration, warmup, seed, arrivals, inpu
     cfg = SimConfig(
         a_max=a_max, duration_s=duration, warmup_s=warmup, seed=seed,
         arrivals=UnpredictableArrivals() if arrivals == "unpredictable" else PoissonArrivals(),
-        lengths=LengthModel(lengths, length_cv, length_cv),
+        lengths=_length_model(profile, lengths, length_cv),
         input_tokens=input_tokens, output_tokens=output_tokens, max_in_flight=max_in_flight,
         timeseries_dt_s=timeseries_every, policy=policy_from_cli(policy, policy_params),
     )
@@ -120,3 +121,17 @@ def simulate(workload, a_max, profile_id, duration, warmup, seed, arrivals, inpu
     click.echo(f"  requests: {res.arrived_requests} arrived, {res.finished_requests} finished, "
                f"{res.rejected_requests} rejected; {res.preemptions} preemptions, {res.adapter_loads} adapter loads")
     click.echo(f"  simulated in {res.sim_wall_s:.2f} s")
+
+
+def _length_model(profile, lengths: str | None, cv: float | None):
+    """The --lengths/--length-cv choice; what is not given comes from the profile."""
+    from twin import LengthModel
+
+    if lengths == "constant":
+        if cv is not None:
+            raise click.UsageError("--length-cv needs log-normal lengths, not --lengths constant")
+        return LengthModel()
+    if lengths is None and cv is None:
+        return profile.default_lengths()
+    cv = cv or profile.default_length_cv or 1.0
+    return LengthModel("lognormal", cv, cv)

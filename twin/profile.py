@@ -5,10 +5,12 @@ its validator. Every number a profile holds says where it came from in ``provena
 
 Step latency (ms) of one engine step, generalising the study's eq. 1::
 
-    step = (k5 + k4*B + kp*P) * (k7 + k6*A_B) / 100  +  [A_B > 0] * (l0 + l1*B + l2*A_B)
+    step = (k5 + k4*B + kp*P) * (k7 + k6*A_B) / 100  +  [A_B > 0] * (l0 + l1*B + l2*A_B + l3*A_max*R)
 
 B = requests scheduled in the step, P = prompt (prefill/recompute) tokens scheduled, A_B = distinct
-adapters among them. The study's model is ``kp = l0 = l1 = l2 = 0``; an additive LoRA model is
+adapters among them, A_max and R the server's --max-loras and --max-lora-rank. The l3 term is a
+cost of the LoRA slots a server reserves whether or not the batch uses them: vLLM 0.8.5's LoRA
+kernels launch work over every slot (their grid spans max_loras) on weights padded to the max rank. The study's model is ``kp = l0 = l1 = l2 = 0``; an additive LoRA model is
 ``k6 = 0, k7 = 100``. The LoRA term grows with requests, not tokens: at batch ~230 of decodes vLLM
 0.8.5 pays ~0.06 ms per request for LoRA, far more than any per-token cost of a 2048-token step
 allows (see benchmarks/twin_fidelity.py).
@@ -24,11 +26,12 @@ import itertools
 import json
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from twin.errors import ProfileError
+from twin.workload import LengthModel
 
 SCHEMA_VERSION = 1
 
@@ -138,6 +141,7 @@ class StepLatency:
     l0: float = 0.0
     l1: float = 0.0
     l2: float = 0.0
+    l3: float = 0.0
     arrival_delay: float = 0.0
     source: str = ""
 
@@ -146,6 +150,12 @@ class StepLatency:
         if a_b > 0:
             ms += self.l0 + self.l1 * b + self.l2 * a_b
         return ms
+
+    def for_server(self, a_max: int, max_lora_rank: int) -> StepLatency:
+        """This model for one server's --max-loras and --max-lora-rank: the slot term folded into l0."""
+        if not self.l3:
+            return self
+        return replace(self, l0=self.l0 + self.l3 * a_max * max_lora_rank, l3=0.0)
 
     def as_array(self) -> list[float]:
         """The twin's coefficient array; the arrival delay is appended only when set, so profiles
@@ -238,6 +248,9 @@ class Profile:
     default_input_tokens: float
     default_output_tokens: float
     provenance: dict[str, Any]
+    #: Coefficient of variation of request lengths around their means (log-normal); 0 = every
+    #: request at its mean. Traffic whose means are all a user knows still has long-tailed lengths.
+    default_length_cv: float = 0.0
     validation: dict[str, Any] = field(default_factory=dict)
     step_latency_variants: dict[str, StepLatency] = field(default_factory=dict)
     #: Benchmarked max input+output tok/s of the backbone without LoRA (what MaxBase packs to); optional.
@@ -251,9 +264,12 @@ class Profile:
         if name not in self.step_latency_variants:
             known = ", ".join(["default", *self.step_latency_variants]) or "default"
             raise ProfileError(f"profile {self.profile_id} has no latency model '{name}' (has: {known})")
-        from dataclasses import replace
-
         return replace(self, step_latency=self.step_latency_variants[name])
+
+    def default_lengths(self) -> LengthModel:
+        """How the twin draws request lengths around their means unless told otherwise."""
+        cv = self.default_length_cv
+        return LengthModel("lognormal", cv, cv) if cv > 0 else LengthModel()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -351,6 +367,7 @@ def _step_latency(r: _Reader) -> StepLatency:
         l0=r.num("l0_ms", 0.0),
         l1=r.num("l1_ms_per_request", 0.0),
         l2=r.num("l2_ms_per_adapter", 0.0),
+        l3=r.num("l3_ms_per_slot_rank", 0.0, min_value=0),
         arrival_delay=r.num("arrival_delay_ms", 0.0, min_value=0),
         source=r.str_("source", ""),
     )
@@ -360,7 +377,8 @@ def step_latency_to_dict(s: StepLatency) -> dict[str, Any]:
     return {
         "k4_ms_per_request": s.k4, "k5_ms": s.k5, "kp_ms_per_prompt_token": s.kp,
         "k6_pct_per_adapter": s.k6, "k7_pct": s.k7, "l0_ms": s.l0, "l1_ms_per_request": s.l1,
-        "l2_ms_per_adapter": s.l2, **({"arrival_delay_ms": s.arrival_delay} if s.arrival_delay else {}),
+        "l2_ms_per_adapter": s.l2, **({"l3_ms_per_slot_rank": s.l3} if s.l3 else {}),
+        **({"arrival_delay_ms": s.arrival_delay} if s.arrival_delay else {}),
         "source": s.source,
     }
 
@@ -461,6 +479,7 @@ def profile_from_dict(raw: Any, where: str = "profile") -> Profile:
         adapter_load=AdapterLoad(load, a.str_("source", "")),
         default_input_tokens=d.num("input_tokens", positive=True),
         default_output_tokens=d.num("output_tokens", positive=True),
+        default_length_cv=d.num("length_cv", 0.0, min_value=0),
         provenance=prov,
         validation=dict(r.get("validation", {}) or {}),
         step_latency_variants=variants,

@@ -34,7 +34,7 @@ class SimConfig:
     warmup_s: float = 0.0
     seed: int = 0
     arrivals: Any = field(default_factory=PoissonArrivals)
-    lengths: LengthModel = field(default_factory=LengthModel)
+    lengths: LengthModel | None = None  # None: the profile's (Profile.default_lengths)
     input_tokens: float | None = None  # default mean prompt length (else the profile's)
     output_tokens: float | None = None
     max_lora_rank: int | None = None  # default: smallest profiled rank holding every adapter
@@ -75,6 +75,7 @@ class SimResult:
     timeseries: np.ndarray | None = None  # columns: t_s, running, waiting, kv_used_fraction
     trace: np.ndarray | None = None  # columns: step_start_s, request, tokens, event kind
     policy: str = "vllm"
+    lengths: str = "constant"  # how request lengths were drawn: constant, lognormal cv=X/Y, or trace
     policy_stats: dict[str, Any] | None = None  # cache hit rate, evictions, load stalls, ... (non-stock)
 
     def to_dict(self) -> dict[str, Any]:
@@ -126,15 +127,17 @@ def simulate(
             f"starts with at most --max-loras {limit} (asked {config.a_max})"
         )
     t0 = time.perf_counter()
+    lengths = config.lengths or profile.default_lengths()
+    drawn = "trace" if requests is not None else lengths.describe()
     if requests is None:
         requests = draw_requests(
-            workload, config.duration_s, config.seed, config.arrivals, config.lengths,
+            workload, config.duration_s, config.seed, config.arrivals, lengths,
             config.input_tokens or profile.default_input_tokens,
             config.output_tokens or profile.default_output_tokens,
         )
     n_ad = len(workload)
     load_ms = np.array([profile.adapter_load.load_ms(rank, a.rank) for a in workload.adapters])
-    lat = np.array(profile.step_latency.as_array())
+    lat = np.array(profile.step_latency.for_server(config.a_max, rank).as_array())
     so = profile.scheduler_overhead
     sched = np.array([so.k1_us, so.k2_us, so.k3_us, so.intercept_us, float(n_ad)])
     # Requests longer than max_model_len are refused by the server (HTTP 400).
@@ -149,7 +152,7 @@ def simulate(
                                            config, config.seed)
         res = _summarise(profile, config, rank, kv_tokens, n_ad, requests, *out, int(too_long.sum()),
                          time.perf_counter() - t0)
-        res.policy, res.policy_stats = config.policy.name, stats
+        res.policy, res.policy_stats, res.lengths = config.policy.name, stats, drawn
         return res
     usable_blocks = kv_tokens // eng.block_size - 1  # vLLM keeps one null block
     adapter = np.ascontiguousarray(requests.adapter, np.int64)
@@ -164,8 +167,10 @@ def simulate(
         int(config.max_in_flight), float(config.timeseries_dt_s), int(config.trace_events),
     )
     wall = time.perf_counter() - t0
-    return _summarise(profile, config, rank, kv_tokens, n_ad, requests, state, first_tok, finish,
-                      itl_sum, itl_cnt, itl_hist, counters, busy_s, ts, trace, int(too_long.sum()), wall)
+    res = _summarise(profile, config, rank, kv_tokens, n_ad, requests, state, first_tok, finish,
+                     itl_sum, itl_cnt, itl_hist, counters, busy_s, ts, trace, int(too_long.sum()), wall)
+    res.lengths = drawn
+    return res
 
 
 def _percentile_from_hist(hist: np.ndarray, q: float) -> float:

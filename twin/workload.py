@@ -73,6 +73,11 @@ class LengthModel:
     input_cv: float = 0.0
     output_cv: float = 0.0
 
+    def describe(self) -> str:
+        if self.kind == "constant" or self.input_cv <= 0 and self.output_cv <= 0:
+            return "constant"
+        return f"{self.kind} cv={self.input_cv:g}/{self.output_cv:g}"
+
     def draw(self, mean: np.ndarray, cv: float, rng: np.random.Generator) -> np.ndarray:
         if self.kind == "constant" or cv <= 0:
             return np.maximum(1, np.rint(mean)).astype(np.int32)
