@@ -6,8 +6,9 @@ per-adapter rates and combinations (with replacement) of ranks — the study's g
 combinations over its adapters round-robin, shuffles them (seeded), draws its mean prompt/output
 lengths log-uniformly around the profile's defaults (``length_scale``; so the surrogate learns
 the length dependence the study's models ignore), and runs the twin (Poisson arrivals, the
-profile's length dispersion, the window convention of ``twin.simulate``). An (A_max, max_lora_rank) pair the engine
-cannot start with is recorded as a ``memory_error`` row and not simulated.
+profile's length dispersion, the window convention of ``twin.simulate``). An (A_max,
+max_lora_rank) pair the engine cannot start with is recorded as a ``memory_error`` row and not
+simulated.
 
 Every random draw of scenario ``i`` comes from ``SeedSequence([grid.seed, i])``, so any row can be
 rebuilt alone from its spec. Builds are resumable: rows are flushed in part files under

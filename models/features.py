@@ -45,7 +45,9 @@ SATURATION = FEATURES.index("saturation_tok_s")
 
 def engine_terms(profile) -> np.ndarray:
     """The profile numbers the features use: max_num_seqs, max_num_batched_tokens, then the
-    step-latency coefficients in ``StepLatency.as_array`` order."""
+    step-latency coefficients in ``StepLatency.as_array`` order. The reserved-slot cost (``l3``)
+    is not among them: it depends on the server's A_max and max rank, which are features of their
+    own, so the forests learn it from the data."""
     e = profile.engine
     return np.array([e.max_num_seqs, e.max_num_batched_tokens, *profile.step_latency.as_array()], np.float64)
 

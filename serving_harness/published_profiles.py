@@ -16,6 +16,7 @@ What comes from where (the study's profiling files; only ``REAL_RUN_TERMS`` belo
   rows suggest 0.02 ms/token of backbone time; 0.01 was the better of {0, 0.01, 0.02} for throughput
   on the calibration half of the real runs, see benchmarks/twin_fidelity.py --kp).
 * Adapter load latency and scheduler overhead: the study's tables and constants.
+* Backbone max throughput (what the MaxBase baseline packs to): the study's benchmarked constant.
 
 Qwen's default model (``REAL_RUN_TERMS``) replaces the study's multiplicative LoRA factor with
 costs that its 163 real runs show and eq. 1 cannot express; the three constants below were chosen
@@ -33,7 +34,6 @@ on the calibration half of those runs (ranks {8,16}) and checked on the held-out
 
 The previous default stays as the variant ``eq1``. Llama keeps eq. 1 and constant lengths until its
 paper-grid dataset is rebuilt with them (its datasets and surrogate are tied to the profile's hash).
-* Backbone max throughput (what the MaxBase baseline packs to): the study's benchmarked constant.
 """
 
 from __future__ import annotations

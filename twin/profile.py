@@ -10,7 +10,8 @@ Step latency (ms) of one engine step, generalising the study's eq. 1::
 B = requests scheduled in the step, P = prompt (prefill/recompute) tokens scheduled, A_B = distinct
 adapters among them, A_max and R the server's --max-loras and --max-lora-rank. The l3 term is a
 cost of the LoRA slots a server reserves whether or not the batch uses them: vLLM 0.8.5's LoRA
-kernels launch work over every slot (their grid spans max_loras) on weights padded to the max rank. The study's model is ``kp = l0 = l1 = l2 = 0``; an additive LoRA model is
+kernels launch work over every slot (their grid spans max_loras) on weights padded to the max
+rank. The study's model is ``kp = l0 = l1 = l2 = l3 = 0``; an additive LoRA model is
 ``k6 = 0, k7 = 100``. The LoRA term grows with requests, not tokens: at batch ~230 of decodes vLLM
 0.8.5 pays ~0.06 ms per request for LoRA, far more than any per-token cost of a 2048-token step
 allows (see benchmarks/twin_fidelity.py).

@@ -151,8 +151,8 @@ def simulate(
         out, kv_tokens, stats = run_policy(config.policy, workload, profile, requests, arrival, load_ms, lat, sched,
                                            config, config.seed)
         res = _summarise(profile, config, rank, kv_tokens, n_ad, requests, *out, int(too_long.sum()),
-                         time.perf_counter() - t0)
-        res.policy, res.policy_stats, res.lengths = config.policy.name, stats, drawn
+                         time.perf_counter() - t0, drawn)
+        res.policy, res.policy_stats = config.policy.name, stats
         return res
     usable_blocks = kv_tokens // eng.block_size - 1  # vLLM keeps one null block
     adapter = np.ascontiguousarray(requests.adapter, np.int64)
@@ -167,10 +167,8 @@ def simulate(
         int(config.max_in_flight), float(config.timeseries_dt_s), int(config.trace_events),
     )
     wall = time.perf_counter() - t0
-    res = _summarise(profile, config, rank, kv_tokens, n_ad, requests, state, first_tok, finish,
-                     itl_sum, itl_cnt, itl_hist, counters, busy_s, ts, trace, int(too_long.sum()), wall)
-    res.lengths = drawn
-    return res
+    return _summarise(profile, config, rank, kv_tokens, n_ad, requests, state, first_tok, finish,
+                      itl_sum, itl_cnt, itl_hist, counters, busy_s, ts, trace, int(too_long.sum()), wall, drawn)
 
 
 def _percentile_from_hist(hist: np.ndarray, q: float) -> float:
@@ -184,7 +182,7 @@ def _percentile_from_hist(hist: np.ndarray, q: float) -> float:
 
 
 def _summarise(profile, config, rank, kv_tokens, n_ad, req, state, first_tok, finish, itl_sum,
-               itl_cnt, itl_hist, counters, busy_s, ts, trace, too_long, wall) -> SimResult:
+               itl_cnt, itl_hist, counters, busy_s, ts, trace, too_long, wall, lengths) -> SimResult:
     t_lo, t_hi = config.warmup_s, config.duration_s
     window = t_hi - t_lo
     arrived = (req.arrival_s >= t_lo) & (req.arrival_s < t_hi)
@@ -219,5 +217,5 @@ def _summarise(profile, config, rank, kv_tokens, n_ad, req, state, first_tok, fi
         preemptions=preemptions, adapter_loads=loads, engine_steps=steps,
         busy_fraction=float(min(1.0, busy_s / t_hi)), sim_wall_s=wall,
         timeseries=ts if config.timeseries_dt_s > 0 else None,
-        trace=trace if config.trace_events > 0 else None,
+        trace=trace if config.trace_events > 0 else None, lengths=lengths,
     )
