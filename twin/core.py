@@ -23,6 +23,10 @@ set is full. Skipped requests never move, so the admission order is exactly vLLM
 
 GPU adapter slots are an LRU of ``a_max`` entries, touched every step by every adapter in the
 batch; a miss pays the adapter's load latency inside the step (serially, as vLLM loads inline).
+
+Speed notes (``benchmarks/twin_speed.py``): numba's ``inline="always"`` inlines at its IR level, and
+in this large loop that is sometimes much slower than a plain call; each helper keeps the form that
+measured faster.
 """
 
 from __future__ import annotations
@@ -82,26 +86,29 @@ def scheduler_ms(sched, n_running, n_waiting, a_max):
 
 
 @nb.njit(cache=True)
-def request_state(in_len):
+def request_state(in_len, out_len):
     """Per-request arrays both engine loops keep: state, computed tokens, tokens so far, KV blocks,
-    first-token / finish / last-token times (-1: not yet), ITL sum and count."""
+    first-token / finish / last-token times (-1: not yet), and the token count at which a request is done
+    (prompt + output). A finished request's inter-token gaps sum to its finish minus first-token time, so
+    they are not summed per token."""
     n = in_len.shape[0]
     return (np.zeros(n, np.int8), np.zeros(n, np.int32), in_len.astype(np.int32).copy(), np.zeros(n, np.int32),
-            np.full(n, -1.0), np.full(n, -1.0), np.full(n, -1.0), np.zeros(n), np.zeros(n, np.int32))
+            np.full(n, -1.0), np.full(n, -1.0), np.full(n, -1.0), (in_len + out_len).astype(np.int32))
 
 
 @nb.njit(cache=True)
 def step_buffers(n, max_num_seqs, max_batched, duration, ts_dt, trace_cap):
-    """Scratch of one engine step (running list, scheduled requests and tokens, batch adapters) and the
-    recorded outputs (ITL histogram, time series, event trace) of both engine loops."""
+    """Scratch of one engine step (running list, scheduled requests and tokens, batch adapters, positions of
+    finished requests) and the recorded outputs (ITL histogram, time series, event trace) of both engine loops."""
     running = np.zeros(max(1, min(n, max_num_seqs)), np.int64)
     sched_req = np.zeros(max_batched + max_num_seqs, np.int64)
     sched_tok = np.zeros(max_batched + max_num_seqs, np.int64)
     batch_ads = np.zeros(max_batched + max_num_seqs, np.int64)
+    done_j = np.zeros(max_batched + max_num_seqs, np.int64)
     itl_hist = np.zeros(ITL_HIST_BINS_PER_DECADE * ITL_HIST_DECADES + 2, np.int64)
     ts = np.zeros((int(duration / ts_dt) + 2 if ts_dt > 0 else 0, 4))
     trace = np.zeros((trace_cap, 4), np.float64)
-    return running, sched_req, sched_tok, batch_ads, itl_hist, ts, trace
+    return running, sched_req, sched_tok, batch_ads, done_j, itl_hist, ts, trace
 
 
 @nb.njit(cache=True, inline="always")
@@ -116,7 +123,7 @@ def trace_event(trace, trace_cap, tr_i, now, r, tokens, kind):
     return tr_i
 
 
-@nb.njit(cache=True, inline="always")
+@nb.njit(cache=True)
 def trace_scheduled(trace, trace_cap, tr_i, now, sched_req, sched_tok, nsched, n_sched_running):
     """Append the step's scheduled/admitted events to the trace; returns the new trace length."""
     for j in range(nsched):
@@ -126,57 +133,71 @@ def trace_scheduled(trace, trace_cap, tr_i, now, sched_req, sched_tok, nsched, n
 
 
 @nb.njit(cache=True, inline="always")
-def batch_shape(sched_req, sched_tok, nsched, computed, ntok, in_len, adapter, batch_stamp, batch_ads, step):
-    """(tokens, decode requests, distinct adapters) of a step's batch; the distinct adapters are listed
-    in ``batch_ads`` and stamped with ``step`` in ``batch_stamp``."""
-    n_tokens = 0
-    n_decode = 0
+def batch_adapters(sched_req, nsched, adapter, batch_stamp, batch_ads, step):
+    """List the distinct adapters of a step's batch in ``batch_ads``, stamping them with ``step`` in
+    ``batch_stamp``; returns their number."""
     n_batch_ads = 0
     for j in range(nsched):
-        r = sched_req[j]
-        n_tokens += sched_tok[j]
-        if sched_tok[j] == 1 and computed[r] == ntok[r] - 1 and ntok[r] > in_len[r]:
-            n_decode += 1
-        a = adapter[r]
+        a = adapter[sched_req[j]]
         if batch_stamp[a] != step:
             batch_stamp[a] = step
             batch_ads[n_batch_ads] = a
             n_batch_ads += 1
-    return n_tokens, n_decode, n_batch_ads
+    return n_batch_ads
 
 
 @nb.njit(cache=True, inline="always")
-def apply_step_output(sched_req, sched_tok, nsched, now, t_end, computed, ntok, first_tok, last_tok, itl_sum,
-                      itl_cnt, itl_hist, n_hist, in_len, out_len, state, finish, trace, trace_cap, tr_i):
+def batch_shape(sched_req, sched_tok, nsched, computed, ntok, in_len, adapter, batch_stamp, batch_ads, step):
+    """(tokens, decode requests, distinct adapters) of a step's batch; the distinct adapters are listed
+    in ``batch_ads`` (:func:`batch_adapters`)."""
+    n_tokens = 0
+    n_decode = 0
+    for j in range(nsched):
+        r = sched_req[j]
+        n_tokens += sched_tok[j]
+        if sched_tok[j] == 1 and computed[r] == ntok[r] - 1 and ntok[r] > in_len[r]:  # simulate_core's decode test
+            n_decode += 1
+    return n_tokens, n_decode, batch_adapters(sched_req, nsched, adapter, batch_stamp, batch_ads, step)
+
+
+@nb.njit(cache=True)
+def apply_step_output(sched_req, sched_tok, nsched, now, t_end, computed, ntok, first_tok, last_tok, itl_hist,
+                      n_hist, done_at, state, finish, done_j, trace, trace_cap, tr_i):
     """Apply one step's output: computed tokens, sampled tokens (latencies, ITL histogram) and finished
-    requests (marked FINISHED, freed by the caller). Returns (any request finished, new trace length)."""
-    any_finished = False
-    step_bin = -1
+    requests (marked FINISHED, their batch positions listed in ``done_j``, freed by the caller).
+    Returns (number of finished requests, new trace length)."""
+    n_done = 0
+    n_step_gaps = 0  # tokens that follow one from the previous step (gap == t_end - now): binned once
     for j in range(nsched):
         r = sched_req[j]
         computed[r] += sched_tok[j]
         if computed[r] == ntok[r]:
             ntok[r] += 1
-            if first_tok[r] < 0:
+            prev = last_tok[r]
+            if prev < 0:  # its first token (the first and last token times are set together)
                 first_tok[r] = t_end
-            if last_tok[r] >= 0:
-                gap = t_end - last_tok[r]
-                itl_sum[r] += gap
-                itl_cnt[r] += 1
-                # Most tokens follow one from the previous step (gap == dt): bin that once.
-                if last_tok[r] == now:
-                    if step_bin < 0:
-                        step_bin = _itl_bin(gap, n_hist)
-                    itl_hist[step_bin] += 1
-                else:
-                    itl_hist[_itl_bin(gap, n_hist)] += 1
+            elif prev == now:
+                n_step_gaps += 1
+            else:
+                itl_hist[_itl_bin(t_end - prev, n_hist)] += 1
             last_tok[r] = t_end
-            if ntok[r] - in_len[r] >= out_len[r]:
+            if ntok[r] >= done_at[r]:
                 state[r] = FINISHED
                 finish[r] = t_end
-                any_finished = True
+                done_j[n_done] = j
+                n_done += 1
                 tr_i = trace_event(trace, trace_cap, tr_i, now, r, 0, EV_FINISHED)
-    return any_finished, tr_i
+    if n_step_gaps > 0:
+        itl_hist[_itl_bin(t_end - now, n_hist)] += n_step_gaps
+    return n_done, tr_i
+
+
+@nb.njit(cache=True)
+def running_position(j, n_sched_running, n_kept):
+    """Where the request scheduled ``j``-th in a step sits in the running list: the running loop schedules
+    a prefix of it in order (``n_sched_running`` requests), admissions are appended after the ``n_kept``
+    requests it kept."""
+    return j if j < n_sched_running else n_kept + j - n_sched_running
 
 
 @nb.njit(cache=True, inline="always")
@@ -231,7 +252,7 @@ def simulate_core(
     na = ad_start.shape[0] - 1
 
     # --- per-request state
-    state, computed, ntok, blocks, first_tok, finish, last_tok, itl_sum, itl_cnt = request_state(in_len)
+    state, computed, ntok, blocks, first_tok, finish, last_tok, done_at = request_state(in_len, out_len)
     qkey = np.zeros(n, np.int64)
     stack_next = np.full(n, -1, np.int64)
 
@@ -263,7 +284,7 @@ def simulate_core(
         n_resident += 1
     batch_stamp = np.full(na, -1, np.int64)
 
-    running, sched_req, sched_tok, batch_ads, itl_hist, ts, trace = step_buffers(
+    running, sched_req, sched_tok, batch_ads, done_j, itl_hist, ts, trace = step_buffers(
         n, max_num_seqs, max_batched, duration, ts_dt, trace_cap)
     # Unsigned request indices (and adapter ids, see simulate()) spare numba's negative-index wraparound
     # on each of the many per-request array accesses of a step: about 1.3x on the whole loop.
@@ -326,6 +347,11 @@ def simulate_core(
         # 2. RUNNING loop.
         budget = max_batched
         nsched = 0
+        # Decodes (one token past the prompt, nothing to recompute) are counted in the RUNNING loop: an admitted
+        # request never decodes, as it is new (prompts have >= 1 token: twin.workload's draw_requests and
+        # trace_requests ensure it) or was preempted (computed 0). The test is written out: as an
+        # inlined helper it halved the loop's speed.
+        n_decode = 0
         preempted_now = False
         i = 0
         while i < nrun and budget > 0:
@@ -361,14 +387,18 @@ def simulate_core(
                     break
             if not scheduled:
                 break
-            blocks[r] += need
-            free_blocks -= need
+            if need > 0:
+                blocks[r] += need
+                free_blocks -= need
+            if num_new == 1 and computed[r] == ntok[r] - 1 and ntok[r] > in_len[r]:
+                n_decode += 1
             sched_req[nsched] = r
             sched_tok[nsched] = num_new
             nsched += 1
             budget -= num_new
             i += 1
         n_sched_running = nsched
+        n_kept = nrun
 
         # 3. WAITING loop (skipped in a step that preempted).
         if not preempted_now:
@@ -423,8 +453,8 @@ def simulate_core(
             continue
 
         # 4. Step cost: batch shape, adapter loads, scheduler overhead.
-        n_tokens, n_decode, n_batch_ads = batch_shape(sched_req, sched_tok, nsched, computed, ntok, in_len, adapter,
-                                                      batch_stamp, batch_ads, step)
+        n_batch_ads = batch_adapters(sched_req, nsched, adapter, batch_stamp, batch_ads, step)
+        n_tokens = max_batched - budget
         load_ms = 0.0
         for j in range(n_batch_ads):
             a = batch_ads[j]
@@ -452,28 +482,29 @@ def simulate_core(
             tr_i = trace_scheduled(trace, trace_cap, tr_i, now, sched_req, sched_tok, nsched, n_sched_running)
 
         # 5. Apply the step's output: computed tokens, sampled tokens, finished requests (freed below).
-        any_finished, tr_i = apply_step_output(sched_req, sched_tok, nsched, now, t_end, computed, ntok, first_tok,
-                                               last_tok, itl_sum, itl_cnt, itl_hist, n_hist, in_len, out_len, state,
-                                               finish, trace, trace_cap, tr_i)
-        if any_finished:
-            k = 0
-            for j in range(nrun):
-                r = running[j]
-                if state[r] == FINISHED:
-                    free_blocks += blocks[r]
-                    blocks[r] = 0
-                    a = adapter[r]
-                    run_count[a] -= 1
-                    if run_count[a] == 0:
-                        n_distinct -= 1
-                        _tree_update(set_keys, set_idx, size, a, INF_KEY)
-                else:
-                    running[k] = r
+        n_done, tr_i = apply_step_output(sched_req, sched_tok, nsched, now, t_end, computed, ntok, first_tok, last_tok,
+                                         itl_hist, n_hist, done_at, state, finish, done_j, trace, trace_cap, tr_i)
+        if n_done > 0:
+            # Free the finished requests and close their gaps in the running list (order kept).
+            k = running_position(done_j[0], n_sched_running, n_kept)
+            for f in range(n_done):
+                p = running_position(done_j[f], n_sched_running, n_kept)
+                r = running[p]
+                free_blocks += blocks[r]
+                blocks[r] = 0
+                a = adapter[r]
+                run_count[a] -= 1
+                if run_count[a] == 0:
+                    n_distinct -= 1
+                    _tree_update(set_keys, set_idx, size, a, INF_KEY)
+                end = running_position(done_j[f + 1], n_sched_running, n_kept) if f + 1 < n_done else nrun
+                for q in range(p + 1, end):
+                    running[k] = running[q]
                     k += 1
             nrun = k
         now = t_end
         step += 1
 
     counters = np.array([preemptions, loads, rejected, step, ts_i, tr_i], np.int64)
-    return (state, first_tok, finish, itl_sum, itl_cnt, itl_hist, counters, busy_s,
+    return (state, first_tok, finish, itl_hist, counters, busy_s,
             ts[:ts_i], trace[:tr_i])

@@ -157,7 +157,7 @@ def simulate(
     usable_blocks = kv_tokens // eng.block_size - 1  # vLLM keeps one null block
     adapter = np.ascontiguousarray(requests.adapter, np.int64)
     ad_start, ad_order = core.group_by(adapter, n_ad)
-    (state, first_tok, finish, itl_sum, itl_cnt, itl_hist, counters, busy_s, ts, trace) = core.simulate_core(
+    (state, first_tok, finish, itl_hist, counters, busy_s, ts, trace) = core.simulate_core(
         # Unsigned adapter ids spare numba's negative-index checks (see core.simulate_core).
         arrival, adapter.view(np.uint64), requests.input_tokens, requests.output_tokens,
         ad_start, ad_order, load_ms,
@@ -168,7 +168,7 @@ def simulate(
     )
     wall = time.perf_counter() - t0
     return _summarise(profile, config, rank, kv_tokens, n_ad, requests, state, first_tok, finish,
-                      itl_sum, itl_cnt, itl_hist, counters, busy_s, ts, trace, int(too_long.sum()), wall, drawn)
+                      itl_hist, counters, busy_s, ts, trace, int(too_long.sum()), wall, drawn)
 
 
 def _percentile_from_hist(hist: np.ndarray, q: float) -> float:
@@ -181,8 +181,8 @@ def _percentile_from_hist(hist: np.ndarray, q: float) -> float:
     return float(10.0 ** x)
 
 
-def _summarise(profile, config, rank, kv_tokens, n_ad, req, state, first_tok, finish, itl_sum,
-               itl_cnt, itl_hist, counters, busy_s, ts, trace, too_long, wall, lengths) -> SimResult:
+def _summarise(profile, config, rank, kv_tokens, n_ad, req, state, first_tok, finish, itl_hist, counters, busy_s,
+               ts, trace, too_long, wall, lengths) -> SimResult:
     t_lo, t_hi = config.warmup_s, config.duration_s
     window = t_hi - t_lo
     arrived = (req.arrival_s >= t_lo) & (req.arrival_s < t_hi)
@@ -196,8 +196,9 @@ def _summarise(profile, config, rank, kv_tokens, n_ad, req, state, first_tok, fi
     ttft = (first_tok[done] - req.arrival_s[done]) * 1000.0
     n_done = int(done.sum())
     n_arr = int(arrived.sum())
-    has_itl = done & (itl_cnt > 0)
-    itl_mean = float(itl_sum[has_itl].sum() / itl_cnt[has_itl].sum() * 1000.0) if has_itl.any() else float("nan")
+    # A finished request's inter-token gaps sum to its finish minus first-token time, over (tokens - 1) gaps.
+    gaps = np.maximum(req.output_tokens[done], 1).sum() - n_done
+    itl_mean = float((finish[done] - first_tok[done]).sum() / gaps * 1000.0) if gaps > 0 else float("nan")
     ttft_mean = float(ttft.mean()) if n_done else float("nan")
     ttft_study = ((ttft.sum() + (n_arr - n_done) * window * 1000.0) / n_arr) if n_arr else float("nan")
     preemptions, loads, rejected, steps = (int(x) for x in counters[:4])

@@ -263,7 +263,7 @@ def simulate_policy_core(
     cache_mode, sched_mode, cold = ip[I_CACHE], ip[I_SCHED], ip[I_COLD]
     nq = ip[I_QUEUES] if sched_mode == SCHED_MLQ else 1
 
-    state, computed, ntok, blocks, first_tok, finish, last_tok, itl_sum, itl_cnt = request_state(in_len)
+    state, computed, ntok, blocks, first_tok, finish, last_tok, done_at = request_state(in_len, out_len)
     admit_t = np.full(n, -1.0)
     nxt = np.full(n, -1, np.int64)
     prv = np.full(n, -1, np.int64)
@@ -307,7 +307,7 @@ def simulate_policy_core(
     batch_stamp = np.full(na, -1, np.int64)
     ad_prompt_tok = np.zeros(na)
 
-    running, sched_req, sched_tok, batch_ads, itl_hist, ts, trace = step_buffers(
+    running, sched_req, sched_tok, batch_ads, done_j, itl_hist, ts, trace = step_buffers(
         n, max_num_seqs, max_batched, duration, ts_dt, trace_cap)
     n_hist = itl_hist.shape[0] - 2
     n_ts = ts.shape[0]
@@ -658,10 +658,9 @@ def simulate_policy_core(
             tr_i = trace_scheduled(trace, trace_cap, tr_i, now, sched_req, sched_tok, nsched, n_sched_running)
 
         # 5. Apply the step's output: computed tokens, sampled tokens, finished requests (freed below).
-        any_finished, tr_i = apply_step_output(sched_req, sched_tok, nsched, now, t_end, computed, ntok, first_tok,
-                                               last_tok, itl_sum, itl_cnt, itl_hist, n_hist, in_len, out_len, state,
-                                               finish, trace, trace_cap, tr_i)
-        if any_finished:
+        n_done, tr_i = apply_step_output(sched_req, sched_tok, nsched, now, t_end, computed, ntok, first_tok, last_tok,
+                                         itl_hist, n_hist, done_at, state, finish, done_j, trace, trace_cap, tr_i)
+        if n_done > 0:
             k = 0
             for j in range(nrun):
                 r = running[j]
@@ -690,5 +689,5 @@ def simulate_policy_core(
         step += 1
 
     counters = np.array([preemptions, int(stats[S_LOADS]), rejected, step, ts_i, tr_i], np.int64)
-    return (state, first_tok, finish, itl_sum, itl_cnt, itl_hist, counters, busy_s, ts[:ts_i], trace[:tr_i],
+    return (state, first_tok, finish, itl_hist, counters, busy_s, ts[:ts_i], trace[:tr_i],
             stats)
