@@ -102,8 +102,9 @@ def test_sigterm_stops_cleanly_and_keeps_the_rows(tmp_path):
     import time
 
     grid = tmp_path / "grid.json"
-    grid.write_text(json.dumps({**TINY, "served": [2, 4, 8, 16, 32], "a_max": [2, 4, 8, 16, 32],
-                                "duration_s": 600.0}))
+    # ~10 s of work on 2 cores: the first chunks are done well within the second waited below, the grid is not.
+    grid.write_text(json.dumps({**TINY, "served": [2, 4, 8, 16, 32, 64], "a_max": [2, 4, 8, 16, 32, 64],
+                                "duration_s": 3600.0}))
     out = tmp_path / "s.parquet"
     proc = subprocess.Popen([sys.executable, "-m", "planner.cli", "dataset", "build", "--profile", LLAMA,
                              "--grid", str(grid), "--out", str(out)], stderr=subprocess.PIPE, text=True)
