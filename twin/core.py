@@ -200,6 +200,21 @@ def running_position(j, n_sched_running, n_kept):
     return j if j < n_sched_running else n_kept + j - n_sched_running
 
 
+@nb.njit(cache=True)
+def drop_finished(running, nrun, done_j, n_done, n_sched_running, n_kept):
+    """Close the gaps the step's finished requests (batch positions ``done_j``, from
+    :func:`apply_step_output`) leave in the running list, keeping its order; returns its new length.
+    Only the entries after the first finished one move, and no request's state is read."""
+    k = running_position(done_j[0], n_sched_running, n_kept)
+    for f in range(n_done):
+        start = running_position(done_j[f], n_sched_running, n_kept) + 1
+        end = running_position(done_j[f + 1], n_sched_running, n_kept) if f + 1 < n_done else nrun
+        for q in range(start, end):
+            running[k] = running[q]
+            k += 1
+    return k
+
+
 @nb.njit(cache=True, inline="always")
 def _refresh_head(a, state, qkey, ad_list, arr_ptr, arr_end, stack_top, run_count,
                   all_keys, all_idx, set_keys, set_idx, size):
@@ -485,11 +500,8 @@ def simulate_core(
         n_done, tr_i = apply_step_output(sched_req, sched_tok, nsched, now, t_end, computed, ntok, first_tok, last_tok,
                                          itl_hist, n_hist, done_at, state, finish, done_j, trace, trace_cap, tr_i)
         if n_done > 0:
-            # Free the finished requests and close their gaps in the running list (order kept).
-            k = running_position(done_j[0], n_sched_running, n_kept)
             for f in range(n_done):
-                p = running_position(done_j[f], n_sched_running, n_kept)
-                r = running[p]
+                r = sched_req[done_j[f]]
                 free_blocks += blocks[r]
                 blocks[r] = 0
                 a = adapter[r]
@@ -497,11 +509,7 @@ def simulate_core(
                 if run_count[a] == 0:
                     n_distinct -= 1
                     _tree_update(set_keys, set_idx, size, a, INF_KEY)
-                end = running_position(done_j[f + 1], n_sched_running, n_kept) if f + 1 < n_done else nrun
-                for q in range(p + 1, end):
-                    running[k] = running[q]
-                    k += 1
-            nrun = k
+            nrun = drop_finished(running, nrun, done_j, n_done, n_sched_running, n_kept)
         now = t_end
         step += 1
 

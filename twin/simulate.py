@@ -197,7 +197,7 @@ def _summarise(profile, config, rank, kv_tokens, n_ad, req, state, first_tok, fi
     n_done = int(done.sum())
     n_arr = int(arrived.sum())
     # A finished request's inter-token gaps sum to its finish minus first-token time, over (tokens - 1) gaps.
-    gaps = np.maximum(req.output_tokens[done], 1).sum() - n_done
+    gaps = out_tok[done].sum() - n_done  # output lengths are >= 1 (draw_requests, trace_requests)
     itl_mean = float((finish[done] - first_tok[done]).sum() / gaps * 1000.0) if gaps > 0 else float("nan")
     ttft_mean = float(ttft.mean()) if n_done else float("nan")
     ttft_study = ((ttft.sum() + (n_arr - n_done) * window * 1000.0) / n_arr) if n_arr else float("nan")

@@ -47,6 +47,7 @@ from twin.core import (
     WAITING,
     apply_step_output,
     batch_shape,
+    drop_finished,
     request_state,
     scheduler_ms,
     step_buffers,
@@ -499,6 +500,7 @@ def simulate_policy_core(
             budget -= num_new
             i += 1
         n_sched_running = nsched
+        n_kept = nrun
 
         # 3. WAITING: FIFO scan (skip what is not ready) or Chameleon's two-phase quota fill.
         inline_ms = 0.0
@@ -661,30 +663,25 @@ def simulate_policy_core(
         n_done, tr_i = apply_step_output(sched_req, sched_tok, nsched, now, t_end, computed, ntok, first_tok, last_tok,
                                          itl_hist, n_hist, done_at, state, finish, done_j, trace, trace_cap, tr_i)
         if n_done > 0:
-            k = 0
-            for j in range(nrun):
-                r = running[j]
-                if state[r] == FINISHED:
-                    mem[0] += blocks[r]
-                    blocks[r] = 0
-                    a = adapter[r]
-                    rc[a] -= 1
-                    if sched_mode == SCHED_MLQ:
-                        if borrow[r] > 0:
-                            borrowed -= borrow[r]
-                        else:
-                            used[req_q[r]] -= need_res[r]
-                        bypass_of[r] = -1
-                    if rc[a] == 0:
-                        n_distinct -= 1
-                        if cache_mode == CACHE_DISCARD and qc[a] == 0 and ad_blocks[a] > 0:
-                            ad_state[a] = AD_HOST  # S-LoRA: an adapter no request uses leaves the GPU
-                            mem[0] += ad_blocks[a]
-                            mem[1] -= 1
-                else:
-                    running[k] = r
-                    k += 1
-            nrun = k
+            for f in range(n_done):
+                r = sched_req[done_j[f]]
+                mem[0] += blocks[r]
+                blocks[r] = 0
+                a = adapter[r]
+                rc[a] -= 1
+                if sched_mode == SCHED_MLQ:
+                    if borrow[r] > 0:
+                        borrowed -= borrow[r]
+                    else:
+                        used[req_q[r]] -= need_res[r]
+                    bypass_of[r] = -1
+                if rc[a] == 0:
+                    n_distinct -= 1
+                    if cache_mode == CACHE_DISCARD and qc[a] == 0 and ad_blocks[a] > 0:
+                        ad_state[a] = AD_HOST  # S-LoRA: an adapter no request uses leaves the GPU
+                        mem[0] += ad_blocks[a]
+                        mem[1] -= 1
+            nrun = drop_finished(running, nrun, done_j, n_done, n_sched_running, n_kept)
         now = t_end
         step += 1
 
