@@ -37,7 +37,7 @@ def run_point(wl: Workload, profile, policy, a_max: int, duration_s: float, warm
               seed: int = 0) -> dict:
     """One simulation; TTFT/ITL figures plus E2E ~ TTFT + ITL x (output - 1) and time per token."""
     cfg = SimConfig(a_max=a_max, duration_s=duration_s, warmup_s=warmup_s, seed=seed, policy=policy,
-                    lengths=LengthModel("lognormal", length_cv, length_cv))
+                    lengths=LengthModel.lognormal(length_cv))
     t0 = time.perf_counter()
     r = simulate(wl, profile, cfg)
     out = float(np.mean([a.output_tokens for a in wl.adapters]))

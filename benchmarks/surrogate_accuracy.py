@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from models.metrics import macro_f1, smape
 from models.realruns import load_real_runs
-from models.surrogate import SurrogatePredictor, has_artifact, load_artifact
+from models.surrogate import SurrogatePredictor, artifact_metadata, has_artifact
 from twin import load_profile
 from twin.atomic import write_json_atomic
 
@@ -50,7 +50,7 @@ def main(argv=None) -> None:
         if not has_artifact(profile):
             print(f"{pid}: no surrogate artifact, skipped")
             continue
-        meta = load_artifact(profile).metadata
+        meta = artifact_metadata(profile)
         entry = {"profile": pid, "dataset_rows": meta["dataset"]["rows"], "trained": {}, "study": STUDY.get(pid)}
         for target, models in meta["results"].items():
             for name, m in models.items():

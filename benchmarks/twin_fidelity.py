@@ -160,7 +160,6 @@ def main(argv=None) -> None:
         "benchmark": "twin_fidelity", "command": "python " + " ".join(sys.argv),
         "profile": args.profile, "latency_model": args.latency, "kp_override": args.kp,
         "length_cv": profile.default_length_cv if args.length_cv is None else args.length_cv,
-        "length_cv_override": args.length_cv,
         "seeds_per_run": args.seeds, "client_cap": None if args.no_client_cap else CLIENT_PORTS,
         "smape": "standard: 100*mean(2|p-r|/(|p|+|r|))", "saturation_throughput_tok_s": sat,
         "mean_sim_wall_s": float(np.mean([p["sim_wall_s"] for p in preds])),

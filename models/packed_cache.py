@@ -50,7 +50,7 @@ def load_packed(arrays_sha256: str, names: tuple[str, ...]) -> dict[str, PackedF
         return None
     try:
         return {name: PackedForest.from_arrays({k: np.load(d / f"{name}.{k}.npy", mmap_mode="c")
-                                                for k in ("nodes", "leaf_row", "leaf_value", "roots")})
+                                                for k in PackedForest.ARRAY_KEYS})
                 for name in names}
     except (OSError, ValueError, BadInputError):
         shutil.rmtree(d, ignore_errors=True)

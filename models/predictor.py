@@ -150,6 +150,6 @@ def default_predictor(profile: Profile, policy: PolicySpec | None = None) -> Pre
     """The ``surrogate`` when an artifact for this very profile and policy loads, else the ``twin``
     (the artifact is read once: it is the largest file a plan reads)."""
     try:
-        return _surrogate("surrogate")(profile, policy)
+        return _BACKENDS["surrogate"](profile, policy)
     except ProfileError:
-        return _twin(profile, policy)
+        return _BACKENDS["twin"](profile, policy)

@@ -77,7 +77,7 @@ def surrogate_dir(profile_id: str, policy: PolicySpec | None = None) -> Path:
 
 
 def has_artifact(profile: Profile, directory: str | Path | None = None) -> bool:
-    d = Path(directory) if directory else surrogate_dir(profile.profile_id)
+    d = artifact_dir(profile, directory)
     return (d / ARRAYS_FILE).is_file() and (d / METADATA_FILE).is_file()
 
 
@@ -203,14 +203,14 @@ class SurrogatePredictor:
         self._capacity = kv_capacity(profile, policy)
         d = artifact_dir(profile, directory, policy)
         self.metadata = artifact_metadata(profile, d, policy)
-        packed = load_packed(self.metadata["arrays_sha256"], FOREST_NAMES)
+        names = (f"{KINDS[kind]}_throughput", f"{KINDS[kind]}_starved")
+        packed = load_packed(self.metadata["arrays_sha256"], names)  # only the two this predictor evaluates
         if packed is None:
             forests = _read_forests(d, self.metadata, _rebuild_hint(profile, policy)[1])
             packed = {name: forest.packed for name, forest in forests.items()}
             store_packed(self.metadata["arrays_sha256"], packed)
         #: the two forests this predictor evaluates, in the evaluation layout (models.trees.PackedForest)
-        self.throughput_forest = packed[f"{KINDS[kind]}_throughput"]
-        self.starved_forest = packed[f"{KINDS[kind]}_starved"]
+        self.throughput_forest, self.starved_forest = (packed[name] for name in names)
         self._kv: dict[tuple[int, int], int | None] = {}
         self._terms = engine_terms(profile)
         self._x = np.empty(N_FEATURES)

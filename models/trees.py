@@ -161,9 +161,12 @@ class PackedForest(_Counts):
     def n_nodes(self) -> int:
         return int(self.nodes.shape[0])
 
+    #: the arrays of :meth:`arrays`, by name (``thresholds`` is a view of ``nodes``)
+    ARRAY_KEYS = ("nodes", "leaf_row", "leaf_value", "roots")
+
     def arrays(self) -> dict[str, np.ndarray]:
-        """What :meth:`from_arrays` needs (``thresholds`` is a view of ``nodes``)."""
-        return {"nodes": self.nodes, "leaf_row": self.leaf_row, "leaf_value": self.leaf_value, "roots": self.roots}
+        """What :meth:`from_arrays` needs."""
+        return {k: getattr(self, k) for k in self.ARRAY_KEYS}
 
     @classmethod
     def from_arrays(cls, arrays) -> PackedForest:

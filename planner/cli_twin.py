@@ -134,4 +134,4 @@ def _length_model(profile, lengths: str | None, cv: float | None):
     if lengths is None and cv is None:
         return profile.default_lengths()
     cv = cv or profile.default_length_cv or 1.0
-    return LengthModel("lognormal", cv, cv)
+    return LengthModel.lognormal(cv)

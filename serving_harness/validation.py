@@ -64,7 +64,7 @@ class ValidationCase:
         return Workload(self.adapters)
 
     def length_model(self) -> LengthModel:
-        return LengthModel(self.lengths, 0.5, 0.5) if self.lengths == "lognormal" else LengthModel()
+        return LengthModel.lognormal(0.5) if self.lengths == "lognormal" else LengthModel()
 
 
 def saturation_tok_s(profile: Profile, a_max: int, rank: int, n_adapters: int, in_tok: float, out_tok: float) -> float:

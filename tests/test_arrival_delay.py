@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import make_profile_dict
+from conftest import LLAMA_HASH, QWEN_HASH, STEP_10MS, make_profile_dict
 
 from models.surrogate import simulation_hash
 from planner.cli import main as planner_cli
@@ -18,9 +18,6 @@ from serving_harness.loadgen import RunRecords
 from twin import Adapter, ProfileError, SimConfig, Workload, draw_requests, load_profile, simulate, trace_requests
 from twin.policies import policy_from_name
 from twin.profile import profile_from_dict, step_latency_to_dict
-
-STEP_10MS = {"k4_ms_per_request": 0.0, "k5_ms": 10.0}
-QWEN_HASH = "c8916de80b280b46"  # with its real-run terms (l3, length_cv); the shipped Qwen dataset is built with it
 
 
 def test_arrival_delay_follows_the_model(make_profile):
@@ -35,7 +32,7 @@ def test_arrival_delay_follows_the_model(make_profile):
 
 
 def test_profiles_without_arrival_delay_keep_their_array_hash_and_json():
-    for profile_id, digest in (("h100-64gb-llama-3.1-8b", "233d37b17646cb82"), ("h100-64gb-qwen2.5-7b", QWEN_HASH)):
+    for profile_id, digest in (("h100-64gb-llama-3.1-8b", LLAMA_HASH), ("h100-64gb-qwen2.5-7b", QWEN_HASH)):
         prof = load_profile(profile_id)
         assert len(prof.step_latency.as_array()) == 8 and simulation_hash(prof) == digest
         assert "arrival_delay_ms" not in step_latency_to_dict(prof.step_latency)

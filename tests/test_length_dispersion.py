@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import pytest
 from click.testing import CliRunner
-from conftest import make_profile_dict
+from conftest import LLAMA_HASH, STEP_10MS, make_profile_dict
 
 from models.surrogate import simulation_hash
 from planner.cli import main as planner_cli
 from twin import Adapter, LengthModel, ProfileError, SimConfig, Workload, load_profile, simulate
 from twin.core import step_ms
 from twin.profile import profile_from_dict, step_latency_to_dict
-
-STEP_10MS = {"k4_ms_per_request": 0.0, "k5_ms": 10.0}
 
 
 def test_long_tailed_lengths_hold_slots_longer(make_profile):
@@ -51,7 +49,7 @@ def test_qwen_profile_carries_the_real_run_terms_and_llama_keeps_its_hash():
     assert qwen.default_length_cv == 0.9 and qwen.step_latency.l3 == 0.003 and qwen.step_latency.k7 == 100.0
     assert qwen.with_latency_variant("eq1").step_latency.k7 > 150  # the study's multiplicative form, kept
     assert llama.default_length_cv == 0.0 and llama.step_latency.l3 == 0.0
-    assert simulation_hash(llama) == "233d37b17646cb82"
+    assert simulation_hash(llama) == LLAMA_HASH
 
 
 def test_simulate_cli_length_options(tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import STEP_10MS
 
 from twin import Adapter, SimConfig, Workload, simulate, trace_requests
 from twin.core import EV_ADMITTED, EV_PREEMPTED
@@ -13,7 +14,7 @@ from twin.policies import policy_from_name
 @pytest.fixture
 def prof(make_profile):
     """10 ms steps, 25 ms adapter copies, adapters of 160 pool tokens, CPU LoRA 8 ms per prompt token."""
-    return make_profile(step_latency_ms={"k4_ms_per_request": 0.0, "k5_ms": 10.0},
+    return make_profile(step_latency_ms=STEP_10MS,
                         adapter_load_ms={"by_max_lora_rank": {"8": {"8": 25.0}, "16": {"16": 25.0}}},
                         policy_terms={"adapter_kv_tokens": {"8": 160}, "cpu_lora_us_per_token_rank": 1000.0})
 
@@ -43,7 +44,7 @@ def test_cold_start_modes_hand_off_between_cpu_and_gpu(prof):
 
 
 def test_cpu_share_shrinks_as_the_copy_proceeds(prof, make_profile):
-    slow = make_profile(step_latency_ms={"k4_ms_per_request": 0.0, "k5_ms": 10.0},
+    slow = make_profile(step_latency_ms=STEP_10MS,
                         adapter_load_ms={"by_max_lora_rank": {"8": {"8": 200.0}, "16": {"16": 200.0}}},
                         policy_terms={"adapter_kv_tokens": {"8": 160}, "cpu_lora_us_per_token_rank": 1000.0})
     # Two requests of one adapter, the second arrives 100 ms into the 200 ms copy: half of its layers
@@ -74,7 +75,7 @@ def test_discard_after_use_reloads_a_cache_keeps(prof):
 
 def test_memory_pressure_evicts_by_the_cache_rule(make_profile):
     """Pool of 299 blocks; adapters of 100 blocks; a 1000-token prompt needs 63 blocks."""
-    p = make_profile(step_latency_ms={"k4_ms_per_request": 0.0, "k5_ms": 10.0},
+    p = make_profile(step_latency_ms=STEP_10MS,
                      policy_terms={"adapter_kv_tokens": {"8": 1600}})
     wl = Workload(tuple(Adapter(x, 8, 0.0) for x in "abcd"))
     # a used 3 times, then b, c once each: a, b, c cached (300 blocks > 299: c's load evicts one).
@@ -122,7 +123,7 @@ def test_elora_swaps_back_recently_used_adapters_when_memory_is_idle(make_profil
     long requests of adapters a, b grow their KV and evict all six. When those finish the pool is
     idle and the batch has been ~8: Low_lora = 2(1 - (10/14)^8) + 6(1 - (13/14)^8) = 4.5, so the
     swapper brings 3 of the six back (5 resident), while z, never used, stays on the host."""
-    p = make_profile(step_latency_ms={"k4_ms_per_request": 0.0, "k5_ms": 10.0},
+    p = make_profile(step_latency_ms=STEP_10MS,
                      policy_terms={"adapter_kv_tokens": {"8": 1600}}, **{"kv_capacity.no_lora_tokens": 16000})
     wl = Workload(tuple(Adapter(x, 8, 0.0) for x in "abcdefghz"))
     times = [0.0] * 6 + [1.0] * 8 + [40.0]
@@ -148,7 +149,7 @@ def test_stock_twin_is_untouched_by_the_policy_field(prof):
 @pytest.fixture
 def big_adapter_prof(make_profile):
     """Pool of 299 blocks, 10 ms steps, 25 ms copies; rank-8 adapters take 10 blocks, rank 16 200."""
-    return make_profile(step_latency_ms={"k4_ms_per_request": 0.0, "k5_ms": 10.0},
+    return make_profile(step_latency_ms=STEP_10MS,
                         adapter_load_ms={"by_max_lora_rank": {"8": {"8": 25.0},
                                                               "16": {"8": 25.0, "16": 25.0}}},
                         policy_terms={"adapter_kv_tokens": {"8": 160, "16": 3200}})

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from conftest import LLAMA_HASH
 
 from models.features import N_FEATURES
 from models.predictor import default_predictor
@@ -130,7 +131,7 @@ def test_surrogates_are_per_policy(artifacts_root, llama):
 
 
 def test_stock_simulation_hash_is_unchanged_and_policies_have_their_own(llama):
-    assert simulation_hash(llama) == "233d37b17646cb82"  # the hash the shipped llama datasets were built with
+    assert simulation_hash(llama) == LLAMA_HASH  # the hash the shipped llama datasets were built with
     hashes = {simulation_hash(llama, p) for p in (CHAMELEON, policy_from_name("chameleon", queues=2),
                                                  policy_from_name("elora"))}
     assert len(hashes) == 3 and simulation_hash(llama) not in hashes

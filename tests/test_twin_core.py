@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from twin import Adapter, InfeasibleError, SimConfig, Workload, simulate, trace_requests
-from twin.core import EV_ADMITTED, EV_SCHEDULED
+from twin.core import EV_ADMITTED, EV_SCHEDULED, step_ms
 
 
 def one_adapter(rate=0.0, rank=8):
@@ -23,10 +24,10 @@ def test_single_request_timing_follows_the_step_model(make_profile):
     wl = one_adapter()
     req = trace_requests(wl, [0.0], ["a"], [10], [3])
     res = simulate(wl, prof, SimConfig(a_max=1, duration_s=100), req)
-    lat = prof.step_latency
+    lat = np.array(prof.step_latency.as_array())
     sched_ms = (100.0 * 1 + 50.0) / 1000.0
-    prefill = lat.step_ms(1, 10, 1) + sched_ms  # adapter resident from start-up: no load
-    decode = lat.step_ms(1, 0, 1) + sched_ms
+    prefill = step_ms(lat, 1, 10, 1) + sched_ms  # adapter resident from start-up: no load
+    decode = step_ms(lat, 1, 0, 1) + sched_ms
     assert res.ttft_ms_mean == pytest.approx(prefill)
     assert res.itl_ms_mean == pytest.approx(decode)
     assert res.finished_requests == 1

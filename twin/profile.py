@@ -146,12 +146,6 @@ class StepLatency:
     arrival_delay: float = 0.0
     source: str = ""
 
-    def step_ms(self, b: float, p: float, a_b: float) -> float:
-        ms = (self.k5 + self.k4 * b + self.kp * p) * (self.k7 + self.k6 * a_b) / 100.0
-        if a_b > 0:
-            ms += self.l0 + self.l1 * b + self.l2 * a_b
-        return ms
-
     def for_server(self, a_max: int, max_lora_rank: int) -> StepLatency:
         """This model for one server's --max-loras and --max-lora-rank: the slot term folded into l0."""
         if not self.l3:
@@ -270,7 +264,7 @@ class Profile:
     def default_lengths(self) -> LengthModel:
         """How the twin draws request lengths around their means unless told otherwise."""
         cv = self.default_length_cv
-        return LengthModel("lognormal", cv, cv) if cv > 0 else LengthModel()
+        return LengthModel.lognormal(cv) if cv > 0 else LengthModel()
 
 
 # ----------------------------------------------------------------------------------------------

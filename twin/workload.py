@@ -73,6 +73,11 @@ class LengthModel:
     input_cv: float = 0.0
     output_cv: float = 0.0
 
+    @classmethod
+    def lognormal(cls, cv: float) -> LengthModel:
+        """Log-normal prompt and output lengths, both with coefficient of variation ``cv``."""
+        return cls("lognormal", cv, cv)
+
     def describe(self) -> str:
         if self.kind == "constant" or self.input_cv <= 0 and self.output_cv <= 0:
             return "constant"
