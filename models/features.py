@@ -68,10 +68,24 @@ def saturation_tok_s(terms, input_tokens, output_tokens, batch_adapters, kv_toke
     return (b + p) / step_ms(terms[2:], b, p, batch_adapters) * 1000.0
 
 
+#: Length of :func:`scenario_sums`' output.
+N_SUMS = 12
+
+
 @numba.njit(cache=True)
 def fill_features(terms, ranks, rates, input_tokens, output_tokens, a_max, max_lora_rank, kv_tokens, out):
     """Write the ``FEATURES`` of one scenario into ``out`` (float64, length ``N_FEATURES``);
     ``terms`` is :func:`engine_terms` of the profile."""
+    sums = np.empty(N_SUMS)
+    scenario_sums(ranks, rates, input_tokens, output_tokens, sums)
+    finish_features(terms, sums, a_max, max_lora_rank, kv_tokens, out)
+
+
+@numba.njit(cache=True)
+def scenario_sums(ranks, rates, input_tokens, output_tokens, sums):
+    """The per-adapter sums behind the features (the part that does not depend on the start-up
+    settings A_max, max_lora_rank, KV tokens): a packer testing one group under several A_max
+    computes them once (:func:`finish_features` per A_max)."""
     n = ranks.shape[0]
     sum_rate = 0.0
     sum_rank = 0.0
@@ -106,24 +120,39 @@ def fill_features(terms, ranks, rates, input_tokens, output_tokens, a_max, max_l
     for i in range(n):
         var_rate += (rates[i] - mean_rate) ** 2
         var_rank += (float(ranks[i]) - mean_rank) ** 2
-    out[0] = n
-    out[1] = sum_rate
-    out[2] = np.sqrt(var_rate / n)
-    out[3] = max_rank
-    out[4] = mean_rank
-    out[5] = np.sqrt(var_rank / n)
+    sums[0] = n
+    sums[1] = sum_rate
+    sums[2] = np.sqrt(var_rate / n)
+    sums[3] = max_rank
+    sums[4] = mean_rank
+    sums[5] = np.sqrt(var_rank / n)
+    sums[6] = w_in / sum_rate if sum_rate > 0 else plain_in / n
+    sums[7] = w_out / sum_rate if sum_rate > 0 else plain_out / n
+    sums[8] = arriving
+    sums[9] = rank_rate
+    sums[10] = active
+    sums[11] = kv_in_flight
+
+
+@numba.njit(cache=True)
+def finish_features(terms, sums, a_max, max_lora_rank, kv_tokens, out):
+    """``out`` = the features of the scenario whose :func:`scenario_sums` are ``sums``, run with these
+    start-up settings."""
+    n = sums[0]
+    for k in range(6):
+        out[k] = sums[k]
     out[6] = a_max
     out[7] = max_lora_rank
     out[8] = kv_tokens
-    out[9] = w_in / sum_rate if sum_rate > 0 else plain_in / n
-    out[10] = w_out / sum_rate if sum_rate > 0 else plain_out / n
-    out[11] = arriving
-    out[12] = rank_rate
-    out[13] = active
-    out[14] = active / a_max
-    out[15] = kv_in_flight / kv_tokens
+    out[9] = sums[6]
+    out[10] = sums[7]
+    out[11] = sums[8]
+    out[12] = sums[9]
+    out[13] = sums[10]
+    out[14] = sums[10] / a_max
+    out[15] = sums[11] / kv_tokens
     out[16] = saturation_tok_s(terms, out[9], out[10], min(a_max, n), kv_tokens)
-    out[17] = arriving / out[16]
+    out[17] = sums[8] / out[16]
 
 
 @numba.njit(cache=True)

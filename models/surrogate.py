@@ -212,7 +212,7 @@ class SurrogatePredictor:
         #: the two forests this predictor evaluates, in the evaluation layout (models.trees.PackedForest)
         self.throughput_forest, self.starved_forest = (packed[name] for name in names)
         self._kv: dict[tuple[int, int], int | None] = {}
-        self._terms = engine_terms(profile)
+        self.terms = engine_terms(profile)  #: the profile numbers the features use
         self._x = np.empty(N_FEATURES)
         self._x32 = np.empty(N_FEATURES, np.float32)
         self._out = np.empty(2)
@@ -236,7 +236,7 @@ class SurrogatePredictor:
         X = np.empty((len(scenarios), N_FEATURES))
         for i, sc in enumerate(scenarios):
             rank = self._rank(sc)
-            fill_features(self._terms, sc.ranks, sc.rates_rps, sc.input_tokens, sc.output_tokens, int(sc.a_max), int(rank),
+            fill_features(self.terms, sc.ranks, sc.rates_rps, sc.input_tokens, sc.output_tokens, int(sc.a_max), int(rank),
                           float(self._kv_tokens(int(sc.a_max), rank)), X[i])
         return X
 
@@ -266,7 +266,7 @@ class SurrogatePredictor:
         for i, sc in enumerate(scenarios):
             rank = self._rank(sc)
             thr[i], starved[i], arriving[i] = _predict_one(
-                self._terms, sc.ranks, sc.rates_rps, sc.input_tokens, sc.output_tokens, int(sc.a_max), int(rank),
+                self.terms, sc.ranks, sc.rates_rps, sc.input_tokens, sc.output_tokens, int(sc.a_max), int(rank),
                 float(self._kv_tokens(int(sc.a_max), rank)),
                 t.nodes, t.thresholds, t.leaf_row, t.leaf_value, t.roots,
                 s.nodes, s.thresholds, s.leaf_row, s.leaf_value, s.roots, self._x, self._x32, self._out)

@@ -22,9 +22,8 @@ import math
 import numpy as np
 
 from planner.packing import GpuGroup, PackRequest, a_max_limit, best_a_max, not_enough_gpus, priority_order
+from planner.prefix_search import Entry, PrefixSearch, shares_of
 from twin.errors import InfeasibleError
-
-Entry = tuple[int, float]  # (adapter index, share of its traffic)
 
 #: Replicas of a hot adapter are sized to this fraction of what one GPU sustains alone.
 HOT_REPLICA_FILL = 0.9
@@ -43,91 +42,54 @@ def plan_greedy(req: PackRequest, split_hot: bool = True, balance: bool = True,
     queue: list[Entry] = [(i, share[i]) for i in order if i in share]
     _check_servable(req, queue)
     limit = req.max_gpus if max_gpus is None else max_gpus
-    groups = _fill(req, queue, None, limit, split_hot)
+    search = PrefixSearch(req, queue)
+    groups = _fill(search, None, limit, split_hot)
     if balance and len(groups) > 1:
-        groups = _balanced(req, queue, groups)
+        groups = _balanced(search, groups)
     return groups
 
 
 def _check_servable(req: PackRequest, queue: list[Entry]) -> None:
-    bad = [i for i, _ in queue if a_max_limit(req.kv, [req.ranks[i]]) < 1]
+    startable = {r: a_max_limit(req.kv, [r]) >= 1 for r in set(req.ranks.tolist())}
+    bad = [i for i, _ in queue if not startable[int(req.ranks[i])]]
     if bad:
         ids = ", ".join(req.adapter_id(i) for i in bad[:8])
         raise InfeasibleError(f"memory error: profile {req.profile.profile_id} starts no engine with "
                               f"--max-lora-rank {int(req.ranks[bad[0]])} (adapters {ids})")
 
 
-def _shares(entries: list[Entry]) -> dict[int, float]:
-    out: dict[int, float] = {}
-    for i, s in entries:
-        out[i] = out.get(i, 0.0) + s
-    return out
+def _fill(search: PrefixSearch, load_cap: float | None, max_gpus: int, split_hot: bool) -> list[GpuGroup]:
+    """Fill GPUs one after another with the largest feasible prefix of the search's queue.
 
-
-def _entry_loads(req: PackRequest, entries: list[Entry]) -> np.ndarray:
-    per_adapter = req.arriving_tok_s
-    return np.array([per_adapter[i] * s for i, s in entries])
-
-
-def _fill(req: PackRequest, queue: list[Entry], load_cap: float | None, max_gpus: int,
-          split_hot: bool) -> list[GpuGroup]:
-    """Fill GPUs one after another with the largest feasible prefix of ``queue``.
-
-    ``queue`` is modified in place when a hot adapter at its head is split into replicas.
+    The queue is modified in place when a hot adapter at its head is split into replicas.
     """
+    req, queue = search.req, search.queue
     groups: list[GpuGroup] = []
     pos = 0
     while pos < len(queue):
         if len(groups) == max_gpus:
             raise not_enough_gpus(req, sorted({i for i, _ in queue[pos:]}), len(groups))
-        k, a_max = _largest_prefix(req, queue, pos, load_cap)
+        k, a_max = _largest_prefix(search, pos, load_cap)
         if k == 0:
             if load_cap is not None:  # the cap is below this adapter's own load: the cap is too low
                 raise not_enough_gpus(req, sorted({i for i, _ in queue[pos:]}), len(groups))
             _split_head(req, queue, pos, split_hot)
+            search.reset()
             continue
-        group = GpuGroup(_shares(queue[pos:pos + k]), a_max)
+        group = GpuGroup(shares_of(queue[pos:pos + k]), a_max)
         groups.append(group)
         pos += k
     return groups
 
 
-def _largest_prefix(req: PackRequest, queue: list[Entry], pos: int, load_cap: float | None) -> tuple[int, int]:
-    """Largest k such that queue[pos:pos+k] passes the GPU test, and the A_max it passes with."""
-    k_max = len(queue) - pos
+def _largest_prefix(search: PrefixSearch, pos: int, load_cap: float | None) -> tuple[int, int]:
+    """Largest k such that queue[pos:pos+k] passes the GPU test (within ``load_cap`` arriving tok/s), and
+    the A_max it passes with."""
+    k_max = len(search.queue) - pos
     if load_cap is not None:
-        cum = np.cumsum(_entry_loads(req, queue[pos:]))
+        cum = np.cumsum(search.entry_loads()[pos:])
         k_max = max(1, int(np.searchsorted(cum, load_cap * (1 + 1e-9), side="right")))
-    tested: dict[int, int] = {}
-
-    def ok(k: int) -> bool:
-        verdict = best_a_max(req, _shares(queue[pos:pos + k]))
-        if verdict.ok:
-            tested[k] = verdict.a_max
-        return verdict.ok
-
-    if not ok(1):
-        return 0, 0
-    lo, hi, k = 1, None, 2
-    while k <= k_max:
-        if ok(k):
-            lo, k = k, k * 2
-        else:
-            hi = k
-            break
-    if hi is None:
-        if lo == k_max:
-            return lo, tested[lo]
-        if ok(k_max):
-            return k_max, tested[k_max]
-        hi = k_max
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if ok(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo, tested[lo]
+    return search.largest(pos, k_max)
 
 
 def _split_head(req: PackRequest, queue: list[Entry], pos: int, split_hot: bool) -> None:
@@ -153,9 +115,10 @@ def _split_head(req: PackRequest, queue: list[Entry], pos: int, split_hot: bool)
     queue[pos:pos + 1] = [(i, share / n)] * n
 
 
-def _balanced(req: PackRequest, queue: list[Entry], fill: list[GpuGroup]) -> list[GpuGroup]:
-    """Rerun the fill with the smallest per-GPU load cap that still fits in as many GPUs."""
-    n_gpus = len(fill)
+def _balanced(search: PrefixSearch, fill: list[GpuGroup]) -> list[GpuGroup]:
+    """Rerun the fill with the smallest per-GPU load cap that still fits in as many GPUs (the queue is
+    not changed: a capped fill splits no adapter, so the search's answers stay valid)."""
+    req, n_gpus = search.req, len(fill)
     per_adapter = req.arriving_tok_s
     loads = [sum(per_adapter[i] * s for i, s in g.shares.items()) for g in fill]
     lo = float(sum(loads)) / n_gpus  # no cap below the mean fits
@@ -164,7 +127,7 @@ def _balanced(req: PackRequest, queue: list[Entry], fill: list[GpuGroup]) -> lis
     while hi - lo > BALANCE_TOLERANCE * hi:
         cap = (lo + hi) / 2
         try:
-            best = _fill(req, list(queue), cap, n_gpus, split_hot=False)
+            best = _fill(search, cap, n_gpus, split_hot=False)
             hi = cap
         except InfeasibleError:
             lo = cap

@@ -174,16 +174,15 @@ def passing(req: PackRequest, pred: Predictions) -> np.ndarray:
 def priority_order(ranks: np.ndarray, rates: np.ndarray) -> list[int]:
     """The study's PRIORITYSORTING: rank groups largest first; within a group, rates in zigzag order
     (largest, smallest, 2nd largest, 2nd smallest, ...), ties broken by adapter index."""
+    ranks, rates = np.asarray(ranks), np.asarray(rates)
     order: list[int] = []
-    for rank in sorted(set(ranks.tolist()), reverse=True):
-        group = sorted((i for i in range(len(ranks)) if ranks[i] == rank), key=lambda i: (rates[i], i))
-        lo, hi = 0, len(group) - 1
-        while lo <= hi:
-            order.append(group[hi])
-            hi -= 1
-            if lo <= hi:
-                order.append(group[lo])
-                lo += 1
+    for rank in np.unique(ranks)[::-1]:
+        members = np.flatnonzero(ranks == rank)
+        group = members[np.argsort(rates[members], kind="stable")]  # stable: ties stay in index order
+        zigzag = np.empty_like(group)
+        zigzag[0::2] = group[::-1][:(len(group) + 1) // 2]
+        zigzag[1::2] = group[:len(group) // 2]
+        order += zigzag.tolist()
     return order
 
 

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from twin.errors import ProfileError
 from twin.workload import LengthModel
 
@@ -107,11 +109,7 @@ class KVCapacity:
 
     def tokens_for(self, a_max: int, max_lora_rank: int) -> int | None:
         """T_max for ``a_max`` slots of ``max_lora_rank``; None if the engine would not start."""
-        if max_lora_rank not in self.tokens:
-            raise ProfileError(
-                f"max_lora_rank {max_lora_rank} is not profiled; profiled ranks: "
-                f"{', '.join(map(str, self.lora_ranks))}"
-            )
+        self._check_rank(max_lora_rank)
         if a_max < 1 or a_max > self.max_a_max(max_lora_rank):
             return None
         xs = [0, *self.a_max_points]
@@ -121,6 +119,29 @@ class KVCapacity:
                 x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
                 return round(y0 + (y1 - y0) * (a_max - x0) / (x1 - x0))
         return None  # unreachable: a_max <= max_a_max <= last point
+
+    def tokens_array(self, max_lora_rank: int, top: int) -> np.ndarray:
+        """``tokens_for(a, max_lora_rank)`` for every a in 0..top (int64, -1: would not start), computed
+        with the same arithmetic, vectorised."""
+        self._check_rank(max_lora_rank)
+        out = np.full(top + 1, -1, np.int64)
+        hi = min(top, self.max_a_max(max_lora_rank))
+        if hi < 1:
+            return out
+        xs = np.array([0, *self.a_max_points], np.int64)
+        ys = np.array([self.no_lora_tokens, *(t or 0 for t in self.tokens[max_lora_rank])], np.int64)
+        a = np.arange(1, hi + 1)
+        i = np.searchsorted(xs, a)  # the first point >= a, as tokens_for's loop
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        out[1:hi + 1] = np.rint(y0 + (y1 - y0) * (a - x0) / (x1 - x0)).astype(np.int64)  # both round half to even
+        return out
+
+    def _check_rank(self, max_lora_rank: int) -> None:
+        if max_lora_rank not in self.tokens:
+            raise ProfileError(
+                f"max_lora_rank {max_lora_rank} is not profiled; profiled ranks: "
+                f"{', '.join(map(str, self.lora_ranks))}"
+            )
 
     def rank_for(self, adapter_rank: int) -> int | None:
         """Smallest profiled max_lora_rank that can hold an adapter of ``adapter_rank``."""

@@ -1,0 +1,240 @@
+"""greedy's search for the largest prefix ``queue[pos:pos+k]`` that passes the GPU test of
+:func:`planner.packing.best_a_max`: exponential, then binary search over k.
+
+Answered through ``Predictor.predict``, each question costs ~100 µs of Python, and a 4-GPU plan asks
+~150 of them. With a compiled-tree predictor (the surrogate or the small trees) the whole search
+runs in one compiled call that does per question what ``best_a_max`` does: the adapters' feature
+sums once per load (margin-scaled, then stressed), every memory-feasible A_max, the same choice; it
+gives the same plans, bit for bit (tests/test_prefix_search.py). With any other predictor (the
+twin), and for a prefix holding two replicas of one adapter (their shares merge), the search asks
+``best_a_max`` and keeps its answers by (pos, k) while the queue is unchanged, so the balancing
+fills, which restart the search at the same positions, reuse earlier answers.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from models.features import N_FEATURES, N_SUMS, finish_features, scenario_sums, throughput_base
+from models.surrogate import SurrogatePredictor
+from models.trees import forest_row
+from planner.packing import STRESS_FACTOR, GroupVerdict, PackRequest, a_max_limit, best_a_max
+
+Entry = tuple[int, float]  # (adapter index, share of its traffic)
+
+
+def shares_of(entries: list[Entry]) -> dict[int, float]:
+    """Adapter index → its summed share over ``entries`` (replicas of one adapter merge), in queue order."""
+    out: dict[int, float] = {}
+    for i, s in entries:
+        out[i] = out.get(i, 0.0) + s
+    return out
+
+
+class PrefixSearch:
+    """The largest passing prefix at a queue position (:meth:`largest`), over a queue that only
+    changes where the caller says so (:meth:`reset`)."""
+
+    def __init__(self, req: PackRequest, queue: list[Entry]):
+        self.req, self.queue = req, queue
+        self._verdicts: dict[tuple[int, int], GroupVerdict] = {}
+        self._arrays: tuple[np.ndarray, ...] | None = None
+        self._tables: tuple | None = None
+
+    def reset(self) -> None:
+        """The queue changed (a hot adapter was split): forget every answer."""
+        self._verdicts.clear()
+        self._arrays = None
+
+    def compiled(self) -> bool:
+        return isinstance(self.req.predictor, SurrogatePredictor)
+
+    def entry_loads(self) -> np.ndarray:
+        """Arriving tokens/s of each queue entry (its adapter's, times its share)."""
+        return self._queue_arrays()[5]
+
+    def largest(self, pos: int, k_max: int) -> tuple[int, int]:
+        """Largest k <= k_max found such that queue[pos:pos+k] passes, and its A_max; (0, 0) if k=1 fails."""
+        ranks, rates, d_in, d_out, next_same, _ = self._queue_arrays()
+        if not self.compiled() or next_same[pos:pos + k_max].min() < pos + k_max:
+            return self._search(pos, k_max)
+        req, pred = self.req, self.req.predictor
+        rank_values, limits, lora_ranks, kv = self._candidate_tables(k_max)
+        scale = 1.0 + req.margin
+        t, s = pred.throughput_forest, pred.starved_forest
+        k, a_max = _largest_prefix(
+            pred.terms, ranks[pos:], rates[pos:], d_in[pos:], d_out[pos:], k_max,
+            rank_values, limits, lora_ranks, np.array(sorted(req.kv.a_max_points), np.int64), kv,
+            scale, STRESS_FACTOR * scale, float(req.min_ratio),
+            t.nodes, t.thresholds, t.leaf_row, t.leaf_value, t.roots,
+            s.nodes, s.thresholds, s.leaf_row, s.leaf_value, s.roots)
+        return int(k), int(a_max)
+
+    def _search(self, pos: int, k_max: int) -> tuple[int, int]:
+        """The search of ``_largest_prefix``, asking ``best_a_max``."""
+        def ok(k: int) -> bool:
+            return self._verdict(pos, k).ok
+
+        if not ok(1):
+            return 0, 0
+        lo, hi, k = 1, None, 2
+        while k <= k_max:
+            if ok(k):
+                lo, k = k, k * 2
+            else:
+                hi = k
+                break
+        if hi is None:
+            if lo == k_max or ok(k_max):
+                return k_max, self._verdict(pos, k_max).a_max
+            hi = k_max
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if ok(mid):
+                lo = mid
+            else:
+                hi = mid
+        return lo, self._verdict(pos, lo).a_max
+
+    def _verdict(self, pos: int, k: int) -> GroupVerdict:
+        key = (pos, k)
+        if key not in self._verdicts:
+            self._verdicts[key] = best_a_max(self.req, shares_of(self.queue[pos:pos + k]))
+        return self._verdicts[key]
+
+    def _queue_arrays(self) -> tuple[np.ndarray, ...]:
+        """Per queue entry: rank, rate × share (as ``group_scenario`` multiplies), lengths, the position
+        of the next entry of the same adapter (len(queue) if none), arriving tokens/s."""
+        if self._arrays is None:
+            req, n = self.req, len(self.queue)
+            idx = np.fromiter((i for i, _ in self.queue), np.int64, n)
+            share = np.fromiter((s for _, s in self.queue), np.float64, n)
+            next_same = np.full(n, n, np.int64)
+            last: dict[int, int] = {}
+            for p in range(n - 1, -1, -1):
+                i = int(idx[p])
+                if i in last:
+                    next_same[p] = last[i]
+                last[i] = p
+            self._arrays = (req.ranks[idx], req.rates_rps[idx] * share, req.input_tokens[idx],
+                            req.output_tokens[idx], next_same, req.arriving_tok_s[idx] * share)
+        return self._arrays
+
+    def _candidate_tables(self, k_max: int) -> tuple[np.ndarray, ...]:
+        """Per adapter rank of the workload (ascending): the largest A_max that starts with it, the
+        max_lora_rank a group whose largest rank it is runs with (``group_scenario``'s default), and
+        KV tokens by A_max (a row per rank, a column per A_max from 0 to what a k_max-adapter group tests)."""
+        if self._tables is None or self._tables[3].shape[1] <= min(k_max, int(self._tables[1].max())):
+            req = self.req
+            values = sorted(set(req.ranks.tolist()))
+            limits = [a_max_limit(req.kv, [r]) for r in values]
+            lora = [req.profile.kv.rank_for(r) or 0 for r in values]
+            top = min(max(limits), max(k_max, len(req.ranks)))
+            kv = np.full((len(values), top + 1), -1, np.int64)
+            for j, (limit, rank) in enumerate(zip(limits, lora)):
+                if limit >= 1:
+                    kv[j] = req.kv.tokens_array(rank, top)
+            self._tables = (np.array(values, np.int64), np.array(limits, np.int64), np.array(lora, np.int64), kv)
+        return self._tables
+
+
+@numba.njit(cache=True)
+def _largest_prefix(terms, ranks, rates, input_tokens, output_tokens, k_max, rank_values, limits, lora_ranks,
+                    points, kv, scale, stress, min_ratio, t_nodes, t_thresholds, t_leaf_row, t_leaf_value, t_roots,
+                    s_nodes, s_thresholds, s_leaf_row, s_leaf_value, s_roots):
+    """PrefixSearch._search over compiled verdicts: (k, A_max), (0, 0) when the first adapter alone fails."""
+    buf = np.empty(k_max)
+    nominal, stressed = np.empty(N_SUMS), np.empty(N_SUMS)
+    x, x32, out = np.empty(N_FEATURES), np.empty(N_FEATURES, np.float32), np.empty(2)
+    need = np.empty(k_max, np.int64)  # row of rank_values holding each prefix's largest rank
+    top_rank = 0
+    for i in range(k_max):
+        top_rank = max(top_rank, ranks[i])
+        need[i] = np.searchsorted(rank_values, top_rank)
+    args = (terms, ranks, rates, input_tokens, output_tokens, need, limits, lora_ranks, points, kv, scale, stress,
+            min_ratio, buf, nominal, stressed, x, x32, out, t_nodes, t_thresholds, t_leaf_row, t_leaf_value, t_roots,
+            s_nodes, s_thresholds, s_leaf_row, s_leaf_value, s_roots)
+    a_first = _prefix_verdict(1, *args)
+    if a_first == 0:
+        return 0, 0
+    lo, lo_a, hi, k = 1, a_first, -1, 2
+    while k <= k_max:
+        a = _prefix_verdict(k, *args)
+        if a:
+            lo, lo_a, k = k, a, k * 2
+        else:
+            hi = k
+            break
+    if hi < 0:
+        if lo == k_max:
+            return lo, lo_a
+        a = _prefix_verdict(k_max, *args)
+        if a:
+            return k_max, a
+        hi = k_max
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        a = _prefix_verdict(mid, *args)
+        if a:
+            lo, lo_a = mid, a
+        else:
+            hi = mid
+    return lo, lo_a
+
+
+@numba.njit(cache=True)
+def _prefix_verdict(k, terms, ranks, rates, input_tokens, output_tokens, need, limits, lora_ranks, points, kv, scale,
+                    stress, min_ratio, buf, nominal, stressed, x, x32, out, t_nodes, t_thresholds, t_leaf_row,
+                    t_leaf_value, t_roots, s_nodes, s_thresholds, s_leaf_row, s_leaf_value, s_roots):
+    """``best_a_max`` of the first k adapters: the chosen A_max, 0 if none passes. Candidates as
+    ``a_max_candidates``: every profiled point below top = min(k, A_max limit), then top."""
+    row = need[k - 1]
+    top = min(k, limits[row])
+    if top < 1:
+        return 0
+    rank = lora_ranks[row]
+    for i in range(k):
+        buf[i] = rates[i] * scale
+    scenario_sums(ranks[:k], buf[:k], input_tokens[:k], output_tokens[:k], nominal)
+    have_stressed = False
+    best, best_stressed = 0, 0.0
+    n_points = 0
+    while n_points < points.shape[0] and points[n_points] < top:
+        n_points += 1
+    for c in range(n_points + 1):
+        a = points[c] if c < n_points else top
+        tokens = float(kv[row, a])
+        _, passes = _forest_verdict(terms, nominal, a, rank, tokens, min_ratio, x, x32, out, t_nodes,
+                                      t_thresholds, t_leaf_row, t_leaf_value, t_roots, s_nodes, s_thresholds,
+                                      s_leaf_row, s_leaf_value, s_roots)
+        if not passes:
+            continue
+        if not have_stressed:
+            for i in range(k):
+                buf[i] = rates[i] * stress
+            scenario_sums(ranks[:k], buf[:k], input_tokens[:k], output_tokens[:k], stressed)
+            have_stressed = True
+        s_thr, _ = _forest_verdict(terms, stressed, a, rank, tokens, min_ratio, x, x32, out, t_nodes, t_thresholds,
+                                   t_leaf_row, t_leaf_value, t_roots, s_nodes, s_thresholds, s_leaf_row,
+                                   s_leaf_value, s_roots)
+        if best == 0 or s_thr >= best_stressed:  # candidates ascend: a tie goes to the larger A_max
+            best, best_stressed = a, s_thr
+    return best
+
+
+@numba.njit(cache=True)
+def _forest_verdict(terms, sums, a_max, max_rank, kv, min_ratio, x, x32, out,
+                    t_nodes, t_thresholds, t_leaf_row, t_leaf_value, t_roots,
+                    s_nodes, s_thresholds, s_leaf_row, s_leaf_value, s_roots):
+    """(throughput, passes) of one scenario: not starved, and serving ``min_ratio`` of its load if > 0."""
+    finish_features(terms, sums, a_max, max_rank, kv, x)
+    for f in range(x.shape[0]):
+        x32[f] = x[f]
+    forest_row(t_nodes, t_thresholds, t_leaf_row, t_leaf_value, t_roots, x32, out)
+    thr = out[0] * throughput_base(x)
+    forest_row(s_nodes, s_thresholds, s_leaf_row, s_leaf_value, s_roots, x32, out)
+    passes = not (out[1] > out[0])
+    if min_ratio > 0 and not thr >= min_ratio * sums[8]:
+        passes = False
+    return thr, passes

@@ -1,0 +1,89 @@
+"""greedy's compiled prefix search (compiled-tree predictors) gives the plans that asking best_a_max gives."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from models.predictor import load_predictor
+from planner.greedy import plan_greedy
+from planner.packing import PackRequest
+from planner.prefix_search import PrefixSearch
+from tests.planner_helpers import workload
+from twin import InfeasibleError, load_profile
+from twin.policies import policy_from_name
+from twin.policies.memory import UnifiedPool, kv_capacity
+
+PAPER_RATES = (3.2, 1.6, 0.8, 0.4, 0.2, 0.1, 0.05, 0.025, 0.0125, 0.003125)
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return load_profile("h100-64gb-llama-3.1-8b")
+
+
+def random_workload(n, seed, hot=()):
+    rng = np.random.default_rng(seed)
+    rates = [*hot, *rng.choice(PAPER_RATES, n).tolist()]
+    ranks = rng.choice([8, 16, 32], len(rates)).tolist()
+    return workload(rates, ranks, tokens=(222.9, 196.4))
+
+
+def plan(req, monkeypatch, compiled, **kw):
+    """Groups as (shares, A_max), or the infeasibility message; and how often the predictor was asked."""
+    monkeypatch.setattr(PrefixSearch, "compiled", lambda self: compiled)
+    calls = []
+    predict = req.predictor.predict
+    monkeypatch.setattr(req.predictor, "predict", lambda scenarios: calls.append(len(scenarios)) or predict(scenarios))
+    try:
+        out = [(sorted(g.shares.items()), g.a_max) for g in plan_greedy(req, **kw)]
+    except InfeasibleError as exc:
+        out = str(exc)
+    monkeypatch.undo()
+    return out, len(calls)
+
+
+@pytest.mark.parametrize("kind", ["small-tree", "surrogate"])
+@pytest.mark.parametrize(("n", "gpus", "seed", "hot"), [
+    (40, 1000, 0, ()), (300, 1000, 1, ()), (300, 4, 2, ()), (120, 1000, 3, (200.0, 120.0)), (2000, 1000, 4, ()),
+])
+def test_compiled_search_plans_as_best_a_max(llama, monkeypatch, kind, n, gpus, seed, hot):
+    req = PackRequest.build(random_workload(n, seed, hot), llama, load_predictor(llama, kind), gpus)
+    fast, fast_calls = plan(req, monkeypatch, True)
+    slow, slow_calls = plan(req, monkeypatch, False)
+    assert fast == slow
+    assert slow_calls > 0 and (fast_calls == 0 or hot)  # only splitting a hot adapter asks predict()
+    if hot:  # replicas of the hot adapters were placed, with shares below 1
+        assert any(s < 1 for g, _ in fast for _, s in g)
+
+
+def test_compiled_search_with_margin_min_ratio_and_partial_shares(llama, monkeypatch):
+    req = PackRequest.build(random_workload(400, 5), llama, load_predictor(llama, "small-tree"), 1000)
+    req = replace(req, margin=0.3, min_ratio=0.95)
+    entries = [(i, 0.5 if i % 3 == 0 else 1.0) for i in range(0, 400, 2)]
+    fast, _ = plan(req, monkeypatch, True, entries=entries)
+    slow, _ = plan(req, monkeypatch, False, entries=entries)
+    assert fast == slow and not isinstance(fast, str)
+
+
+def test_compiled_search_under_a_unified_pool(llama, monkeypatch):
+    """Another serving policy's memory rule (every A_max starts with the whole pool)."""
+    chameleon = policy_from_name("chameleon")
+    pred = load_predictor(llama, "small-tree")
+    pred.policy, pred._capacity = chameleon, kv_capacity(llama, chameleon)  # stock forests, pool memory rule
+    req = PackRequest.build(random_workload(300, 6), llama, pred, 1000)
+    assert isinstance(req.kv, UnifiedPool)
+    fast, fast_calls = plan(req, monkeypatch, True)
+    slow, _ = plan(req, monkeypatch, False)
+    assert fast == slow and fast_calls == 0
+
+
+@pytest.mark.parametrize("pid", ["h100-64gb-llama-3.1-8b", "h100-64gb-qwen2.5-7b", "cpu-2core-tiny-llama"])
+def test_tokens_array_is_tokens_for(pid):
+    kv = load_profile(pid).kv
+    for capacity in (kv, UnifiedPool(kv)):
+        for rank in kv.lora_ranks:
+            want = [-1 if (t := capacity.tokens_for(a, rank)) is None else t for a in range(701)]
+            assert capacity.tokens_array(rank, 700).tolist() == want
