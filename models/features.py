@@ -1,7 +1,9 @@
 """Scenario features: the study's seven plus load-aware ones, computed by one numba function.
 
 The same function serves the dataset builder and the predictors, so training and prediction can
-never disagree on a feature. Rates are req/s, lengths are mean tokens per request.
+never disagree on a feature; the packer's compiled search calls its two halves itself
+(:func:`scenario_sums` once per group and load, :func:`finish_features` per A_max). Rates are
+req/s, lengths are mean tokens per request.
 
 * ``served_adapters, sum_rate, std_rate, max_rank, mean_rank, std_rank, a_max`` — the study's seven
   (population standard deviations, as its ``create_dataset.py``).

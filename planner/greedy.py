@@ -10,6 +10,8 @@ Then, with the number of GPUs fixed, the plan is rebalanced: the same fill is re
 each GPU's arriving load, bisected down to the smallest cap that still fits, so spare capacity is
 spread over every GPU instead of left on the last one.
 
+With a compiled-tree predictor each search runs in one compiled call (:mod:`planner.prefix_search`).
+
 An adapter too hot for one GPU on its own is split into replicas with routing weights (each replica
 gets an equal share of its traffic), unless ``split_hot`` is off, in which case the plan is
 infeasible.
