@@ -60,12 +60,12 @@ class PrefixSearch:
         if not self.compiled() or next_same[pos:pos + k_max].min() < pos + k_max:
             return self._search(pos, k_max)
         req, pred = self.req, self.req.predictor
-        rank_values, limits, lora_ranks, kv = self._candidate_tables(k_max)
+        rank_values, limits, lora_ranks, points, kv = self._candidate_tables(k_max)
         scale = 1.0 + req.margin
         t, s = pred.throughput_forest, pred.starved_forest
         k, a_max = _largest_prefix(
             pred.terms, ranks[pos:], rates[pos:], d_in[pos:], d_out[pos:], k_max,
-            rank_values, limits, lora_ranks, np.array(sorted(req.kv.a_max_points), np.int64), kv,
+            rank_values, limits, lora_ranks, points, kv,
             scale, STRESS_FACTOR * scale, float(req.min_ratio),
             t.nodes, t.thresholds, t.leaf_row, t.leaf_value, t.roots,
             s.nodes, s.thresholds, s.leaf_row, s.leaf_value, s.roots)
@@ -123,9 +123,10 @@ class PrefixSearch:
 
     def _candidate_tables(self, k_max: int) -> tuple[np.ndarray, ...]:
         """Per adapter rank of the workload (ascending): the largest A_max that starts with it, the
-        max_lora_rank a group whose largest rank it is runs with (``group_scenario``'s default), and
-        KV tokens by A_max (a row per rank, a column per A_max from 0 to what a k_max-adapter group tests)."""
-        if self._tables is None or self._tables[3].shape[1] <= min(k_max, int(self._tables[1].max())):
+        max_lora_rank a group whose largest rank it is runs with (``group_scenario``'s default); the
+        profiled A_max points; KV tokens by A_max (a row per rank, a column per A_max from 0 to what a
+        k_max-adapter group tests)."""
+        if self._tables is None or self._tables[4].shape[1] <= min(k_max, int(self._tables[1].max())):
             req = self.req
             values = sorted(set(req.ranks.tolist()))
             limits = [a_max_limit(req.kv, [r]) for r in values]
@@ -135,7 +136,8 @@ class PrefixSearch:
             for j, (limit, rank) in enumerate(zip(limits, lora)):
                 if limit >= 1:
                     kv[j] = req.kv.tokens_array(rank, top)
-            self._tables = (np.array(values, np.int64), np.array(limits, np.int64), np.array(lora, np.int64), kv)
+            self._tables = (np.array(values, np.int64), np.array(limits, np.int64), np.array(lora, np.int64),
+                            np.array(sorted(req.kv.a_max_points), np.int64), kv)
         return self._tables
 
 

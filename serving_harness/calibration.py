@@ -46,18 +46,19 @@ class RecordedRun:
 def load_runs(work_dir: str | Path, case_ids: list[str] | None = None) -> list[RecordedRun]:
     """The runs a :class:`serving_harness.validation.Validator` saved under ``work_dir`` (all, or ``case_ids``)."""
     work = Path(work_dir)
-    runs = []
     paths = (sorted((work / "cases").glob("*.json")) if case_ids is None
              else [work / "cases" / f"{c}.json" for c in case_ids])
-    for case_path in paths:
-        row = json.loads(case_path.read_text(encoding="utf-8"))
-        records = RunRecords.from_parquet(work / "runs" / f"{row['case_id']}-requests.parquet")
-        workload = Workload(tuple(Adapter(name, rank, rate) for name, rank, rate in
-                                  zip(row["adapter_ids"], row["ranks"], row["rates_rps"])))
-        requests = trace_requests(workload, records.arrival_s, records.adapter, records.input_tokens,
-                                  records.output_tokens)
-        runs.append(RecordedRun(row["case_id"], row["a_max"], row["max_lora_rank"], workload, requests, row["real"]))
-    return runs
+    return [recorded_run(work, json.loads(p.read_text(encoding="utf-8"))) for p in paths]
+
+
+def recorded_run(work_dir: Path, row: dict) -> RecordedRun:
+    """The run of one saved case (``row``: its cases/*.json), with its requests from runs/*.parquet."""
+    records = RunRecords.from_parquet(work_dir / "runs" / f"{row['case_id']}-requests.parquet")
+    workload = Workload(tuple(Adapter(name, rank, rate) for name, rank, rate in
+                              zip(row["adapter_ids"], row["ranks"], row["rates_rps"])))
+    requests = trace_requests(workload, records.arrival_s, records.adapter, records.input_tokens,
+                              records.output_tokens)
+    return RecordedRun(row["case_id"], row["a_max"], row["max_lora_rank"], workload, requests, row["real"])
 
 
 #: Parameters: log scales of (k5, l0), (k4, l1) and kp, then the arrival delay in ms.

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from serving_harness.calibration import load_runs, twin_result
+from serving_harness.calibration import recorded_run, twin_result
 from serving_harness.engine import Engine, EngineConfig
 from serving_harness.loadgen import measure, run_load, summarise
 from serving_harness.metrics import fetch_samples, series_values
@@ -229,8 +229,7 @@ class Validator:
 def compare(profile: Profile, work_dir: Path, rows: list[dict], duration_s: float, warmup_s: float) -> list[dict]:
     """``rows`` (saved cases of ``work_dir``) with the twin's figures for the very same requests
     (recomputed: cheap, and a new profile version can be scored against the same real runs)."""
-    runs = load_runs(work_dir, [r["case_id"] for r in rows])
-    return [{**row, "twin": twin_result(profile, run, duration_s, warmup_s)} for row, run in zip(rows, runs)]
+    return [{**row, "twin": twin_result(profile, recorded_run(work_dir, row), duration_s, warmup_s)} for row in rows]
 
 
 METRICS = (("throughput", "total_throughput_tok_s"), ("itl", "itl_ms_mean"), ("ttft", "ttft_ms_mean"))

@@ -109,7 +109,7 @@ class KVCapacity:
 
     def tokens_for(self, a_max: int, max_lora_rank: int) -> int | None:
         """T_max for ``a_max`` slots of ``max_lora_rank``; None if the engine would not start."""
-        self._check_rank(max_lora_rank)
+        self.check_rank(max_lora_rank)
         if a_max < 1 or a_max > self.max_a_max(max_lora_rank):
             return None
         xs = [0, *self.a_max_points]
@@ -123,7 +123,7 @@ class KVCapacity:
     def tokens_array(self, max_lora_rank: int, top: int) -> np.ndarray:
         """``tokens_for(a, max_lora_rank)`` for every a in 0..top (int64, -1: would not start), computed
         with the same arithmetic, vectorised."""
-        self._check_rank(max_lora_rank)
+        self.check_rank(max_lora_rank)
         out = np.full(top + 1, -1, np.int64)
         hi = min(top, self.max_a_max(max_lora_rank))
         if hi < 1:
@@ -136,7 +136,8 @@ class KVCapacity:
         out[1:hi + 1] = np.rint(y0 + (y1 - y0) * (a - x0) / (x1 - x0)).astype(np.int64)  # both round half to even
         return out
 
-    def _check_rank(self, max_lora_rank: int) -> None:
+    def check_rank(self, max_lora_rank: int) -> None:
+        """ProfileError unless ``max_lora_rank`` was profiled."""
         if max_lora_rank not in self.tokens:
             raise ProfileError(
                 f"max_lora_rank {max_lora_rank} is not profiled; profiled ranks: "

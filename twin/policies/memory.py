@@ -45,12 +45,12 @@ class UnifiedPool:
         return sys.maxsize if max_lora_rank in self.kv.tokens else 0
 
     def tokens_for(self, a_max: int, max_lora_rank: int) -> int | None:
-        self.kv._check_rank(max_lora_rank)
+        self.kv.check_rank(max_lora_rank)
         return self.kv.no_lora_tokens if a_max >= 1 else None
 
     def tokens_array(self, max_lora_rank: int, top: int) -> np.ndarray:
         """``tokens_for(a, max_lora_rank)`` for every a in 0..top (int64, -1: would not start)."""
-        self.kv._check_rank(max_lora_rank)
+        self.kv.check_rank(max_lora_rank)
         out = np.full(top + 1, self.kv.no_lora_tokens, np.int64)
         out[0] = -1
         return out
