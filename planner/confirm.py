@@ -3,25 +3,24 @@
 A packer fills each GPU up to the edge the predictor draws, and a surrogate's throughput is a few
 per cent off the twin's right at that edge (issue 4: 2.2 % SMAPE on held-out scenarios), so some GPUs
 of a surrogate plan starve when simulated. After packing, every GPU is run in the twin — the very run
-`planner evaluate` makes by default (3600 simulated s, seed 0, Poisson arrivals). While one falls
-short, the GPUs it confirms are kept and the adapters of the others are packed again, each new GPU
-planned to keep up with (1 + margin) x its load (:attr:`PackRequest.margin`), the margin grown from
-the worst GPU's shortfall. Only the GPUs packed anew are simulated again.
-
-Before that, a GPU that falls short is run in the twin at each other ``--max-loras`` its memory starts
-with, and kept with the one that serves it best if that one meets the bar (:func:`retune`). A
-predictor's error is not even over A_max: the small trees, for one, give large groups at A_max 8 one
+`planner evaluate` makes by default (3600 simulated s, seed 0, Poisson arrivals). The GPUs it confirms
+are kept. A GPU that falls short is run in the twin at each other ``--max-loras`` its memory starts
+with, and kept with the one that serves it best if that one meets the bar (:func:`retune`): a
+predictor's error is not even over A_max. The small trees, for one, give large groups at A_max 8 one
 leaf's served fraction whatever their load (96.6 % where the twin finds 91 % on 10,000 adapters) and
-under-rate A_max 16 and 32 for them, so no load margin moves them off 8; the twin's own choice of
-A_max keeps such a GPU as it is. Every packing of a
-confirmed plan asks the surrogate for the confirmation's bar (:attr:`PackRequest.min_ratio` =
-:data:`CONFIRM_RATIO` of the load served, not only "not starved"), so an accurate surrogate needs
-no second round. On the paper's 117 workloads this packs the same GPUs as asking only "not
-starved" and repacking after the twin, with 82 packings instead of 101.
+under-rate A_max 16 and 32 for them, so no load margin moves them off 8. The adapters of the GPUs
+still short are packed again, each new GPU planned to keep up with (1 + margin) x its load
+(:attr:`PackRequest.margin`), the margin grown from the worst such GPU's shortfall; only the GPUs
+packed anew are simulated again. Every packing of a confirmed plan asks the surrogate for the
+confirmation's bar (:attr:`PackRequest.min_ratio` = :data:`CONFIRM_RATIO` of the load served, not only
+"not starved"), so an accurate surrogate needs no second round. On the paper's 117 workloads this
+packs the same GPUs as asking only "not starved" and repacking after the twin, with 82 packings
+instead of 101 (before retuning existed).
 
 The 90 % rule tolerates a standing queue: a GPU serving 95 % of its arrivals over an hour may hold
 minutes of backlog. With a p99 TTFT limit (``planner plan --max-ttft``), a GPU is confirmed only if it
-also meets that limit in the twin, and the same repacking applies (the surrogates predict no latency).
+also meets that limit in the twin, and the same retuning and repacking apply (the surrogates predict
+no latency). ``replan`` repacks only: a previous GPU that falls short gives up its adapters.
 """
 
 from __future__ import annotations
@@ -138,7 +137,8 @@ class Confirmation:
         return {
             "by": "twin", "duration_s": CONFIRM_DURATION_S, "seed": CONFIRM_SEED, "min_ratio": round(CONFIRM_RATIO, 4),
             "max_ttft_s": self.max_ttft_s, "margin": round(self.margin, 4), "rounds": self.rounds,
-            "repacked_gpus": self.repacked, "retuned_gpus": self.retuned, "worst_ratio": round(min(self.ratios), 4) if self.ratios else None,
+            "repacked_gpus": self.repacked, "retuned_gpus": self.retuned,
+            "worst_ratio": round(min(self.ratios), 4) if self.ratios else None,
             "worst_ttft_ms_p99": round(max(self.ttft_ms_p99), 1) if self.ttft_ms_p99 else None,
             "wall_s": round(self.wall_s, 3),
         }
@@ -172,22 +172,22 @@ def pack_confirmed(req: PackRequest, split_hot: bool = True, balance: bool = Tru
         confirmed += [g for g, ok in zip(groups, good) if ok]
         ratios += check.ratio[good].tolist()
         ttfts += check.ttft_ms_p99[good].tolist()
-        fixes = retune(req, [g for g, ok in zip(groups, good) if not ok], jobs, max_ttft_s) if not good.all() else []
-        for fix in filter(None, fixes):
-            confirmed.append(fix[0])
-            ratios.append(fix[1])
-            ttfts.append(fix[2])
-        retuned += sum(fix is not None for fix in fixes)
-        short_mask = ~good
-        short_mask[short_mask] = [fix is None for fix in fixes]
-        if not short_mask.any():
+        fixes = retune(req, [g for g, ok in zip(groups, good) if not ok], jobs, max_ttft_s)
+        kept = [fix for fix in fixes if fix is not None]
+        confirmed += [g for g, _, _ in kept]
+        ratios += [ratio for _, ratio, _ in kept]
+        ttfts += [ttft for _, _, ttft in kept]
+        retuned += len(kept)
+        still_short = ~good
+        still_short[still_short] = [fix is None for fix in fixes]
+        if not still_short.any():
             return confirmed, Confirmation(margin, rounds, repacked, retuned, ratios, ttfts, max_ttft_s,
                                            time.perf_counter() - t0)
-        short = [g for g, bad in zip(groups, short_mask) if bad]
+        short = [g for g, bad in zip(groups, still_short) if bad]
         repacked += len(short)
-        margin = next_margin(margin, check.select(short_mask), max_ttft_s)
+        margin = next_margin(margin, check.select(still_short), max_ttft_s)
         entries = list(_total_shares(short).items())
-        _report(progress, check, short_mask, len(fixes) - len(short), margin)
+        _report(progress, check, still_short, len(kept), margin)
     raise _still_short(margin)
 
 
