@@ -121,24 +121,15 @@ def test_ttft_limit_is_met_in_the_twin_or_the_plan_is_refused(tmp_path):
     assert loose["inputs"]["confirmation"]["worst_ttft_ms_p99"] > 10_000  # keeps up by the 90 % rule, with a queue
     res = r.invoke(main, ["plan", MIXED, "--max-ttft", "0.02"])  # below what one light GPU's steps take
     assert res.exit_code == 3 and "allow a longer TTFT" in res.output
-    for path in (low, MIXED):
+    for path in (low, MIXED):  # low: the surrogate's A_max leaves minutes of queue; a GPU is retuned
         out = tmp_path / "plan.json"
         res = r.invoke(main, ["plan", path, "--max-ttft", "2", "--out", str(out)])
         assert res.exit_code == 0, res.output
-        assert json.loads(out.read_text())["inputs"]["confirmation"]["max_ttft_s"] == 2
+        conf = json.loads(out.read_text())["inputs"]["confirmation"]
+        assert conf["max_ttft_s"] == 2 and (conf["retuned_gpus"] >= 1 or path != low)
         res = r.invoke(main, ["evaluate", str(out), path, "--json"])
         assert res.exit_code == 0, res.output
         assert all(i["ttft_ms_p99"] <= 2000 and not i["starved"] for i in json.loads(res.stdout)["instances"])
-
-
-def test_a_short_gpu_is_kept_with_the_a_max_the_twin_confirms():
-    """The surrogate's first plan of low-rate-384 queues for minutes (A_max below its adapters); under a 2 s
-    p99 TTFT its GPUs are retuned to another --max-loras in the twin rather than only packed again."""
-    res = CliRunner().invoke(main, ["plan", "datasets/workloads/low-rate-384-adapters.csv", "--max-ttft", "2",
-                                    "--json"])
-    assert res.exit_code == 0, res.output
-    conf = json.loads(res.stdout)["inputs"]["confirmation"]
-    assert conf["retuned_gpus"] >= 1 and conf["worst_ttft_ms_p99"] <= 2000
 
 
 def test_ttft_limit_needs_the_greedy_confirmation():
