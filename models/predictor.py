@@ -150,6 +150,6 @@ def default_predictor(profile: Profile, policy: PolicySpec | None = None) -> Pre
     """The ``surrogate`` when an artifact for this very profile and policy loads, else the ``twin``
     (the artifact is read once: it is the largest file a plan reads)."""
     try:
-        return _BACKENDS["surrogate"](profile, policy)
+        return load_predictor(profile, "surrogate", policy)
     except ProfileError:
-        return _BACKENDS["twin"](profile, policy)
+        return load_predictor(profile, "twin", policy)

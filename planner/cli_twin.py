@@ -124,7 +124,7 @@ def simulate(workload, a_max, profile_id, duration, warmup, seed, arrivals, inpu
 
 
 def _length_model(profile, lengths: str | None, cv: float | None):
-    """The --lengths/--length-cv choice; what is not given comes from the profile."""
+    """The --lengths/--length-cv choice; what is not given comes from the profile (None: all of it)."""
     from twin import LengthModel
 
     if lengths == "constant":
@@ -132,6 +132,6 @@ def _length_model(profile, lengths: str | None, cv: float | None):
             raise click.UsageError("--length-cv needs log-normal lengths, not --lengths constant")
         return LengthModel()
     if lengths is None and cv is None:
-        return profile.default_lengths()
+        return None
     cv = cv or profile.default_length_cv or 1.0
     return LengthModel.lognormal(cv)

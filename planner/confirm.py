@@ -35,6 +35,7 @@ import numpy as np
 from models.predictor import TwinPredictor
 from planner.greedy import Entry, plan_greedy
 from planner.packing import GpuGroup, PackRequest, a_max_candidates, group_scenario
+from planner.prefix_search import shares_of
 from twin.errors import InfeasibleError
 from twin.simulate import STARVATION_THRESHOLD
 
@@ -100,7 +101,7 @@ def retune(req: PackRequest, groups: list[GpuGroup], jobs: int = 1,
         return out
     check = twin_check(req, [t for _, t in trials], jobs)
     for (j, trial), ok, ratio, ttft in zip(trials, check.meets(max_ttft_s), check.ratio, check.ttft_ms_p99):
-        if ok and (out[j] is None or (ratio, trial.a_max) >= (out[j][1], out[j][0].a_max)):
+        if ok and (out[j] is None or ratio >= out[j][1]):  # candidates ascend: a tie goes to the larger A_max
             out[j] = (trial, float(ratio), float(ttft))
     return out
 
@@ -186,7 +187,7 @@ def pack_confirmed(req: PackRequest, split_hot: bool = True, balance: bool = Tru
         short = [g for g, bad in zip(groups, still_short) if bad]
         repacked += len(short)
         margin = next_margin(margin, check.select(still_short), max_ttft_s)
-        entries = list(_total_shares(short).items())
+        entries = list(shares_of([e for g in short for e in g.shares.items()]).items())
         _report(progress, check, still_short, len(kept), margin)
     raise _still_short(margin)
 
@@ -240,12 +241,3 @@ def _repack_failed(exc: InfeasibleError, repacked: int, margin: float) -> Infeas
 def _still_short(margin: float) -> InfeasibleError:
     return InfeasibleError(f"the twin still finds GPUs short after {MAX_ROUNDS} packings (load margin "
                            f"{margin:.1%}); plan with --predictor twin or allow a longer TTFT")
-
-
-def _total_shares(groups: list[GpuGroup]) -> dict[int, float]:
-    """Adapter → its traffic share summed over ``groups`` (an adapter split into replicas may be on several)."""
-    out: dict[int, float] = {}
-    for g in groups:
-        for i, s in g.shares.items():
-            out[i] = out.get(i, 0.0) + s
-    return out

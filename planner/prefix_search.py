@@ -16,7 +16,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from models.features import N_FEATURES, N_SUMS, finish_features, scenario_sums, throughput_base
+from models.features import ARRIVING, N_FEATURES, N_SUMS, finish_features, scenario_sums, throughput_base
 from models.surrogate import SurrogatePredictor
 from models.trees import forest_row
 from planner.packing import STRESS_FACTOR, GroupVerdict, PackRequest, a_max_limit, best_a_max
@@ -60,7 +60,7 @@ class PrefixSearch:
         if not self.compiled() or next_same[pos:pos + k_max].min() < pos + k_max:
             return self._search(pos, k_max)
         req, pred = self.req, self.req.predictor
-        rank_values, limits, lora_ranks, points, kv = self._candidate_tables(k_max)
+        rank_values, limits, lora_ranks, points, kv = self._candidate_tables()
         scale = 1.0 + req.margin
         t, s = pred.throughput_forest, pred.starved_forest
         k, a_max = _largest_prefix(
@@ -121,17 +121,17 @@ class PrefixSearch:
                             req.output_tokens[idx], next_same, req.arriving_tok_s[idx] * share)
         return self._arrays
 
-    def _candidate_tables(self, k_max: int) -> tuple[np.ndarray, ...]:
+    def _candidate_tables(self) -> tuple[np.ndarray, ...]:
         """Per adapter rank of the workload (ascending): the largest A_max that starts with it, the
         max_lora_rank a group whose largest rank it is runs with (``group_scenario``'s default); the
-        profiled A_max points; KV tokens by A_max (a row per rank, a column per A_max from 0 to what a
-        k_max-adapter group tests)."""
-        if self._tables is None or self._tables[4].shape[1] <= min(k_max, int(self._tables[1].max())):
+        profiled A_max points; KV tokens by A_max (a row per rank, a column per A_max from 0 to the
+        workload's adapter count: the compiled search never tests a window holding an adapter twice)."""
+        if self._tables is None:
             req = self.req
             values = sorted(set(req.ranks.tolist()))
             limits = [a_max_limit(req.kv, [r]) for r in values]
-            lora = [req.profile.kv.rank_for(r) or 0 for r in values]
-            top = min(max(limits), max(k_max, len(req.ranks)))
+            lora = [req.kv.rank_for(r) or 0 for r in values]
+            top = min(max(limits), len(req.ranks))
             kv = np.full((len(values), top + 1), -1, np.int64)
             for j, (limit, rank) in enumerate(zip(limits, lora)):
                 if limit >= 1:
@@ -207,36 +207,43 @@ def _prefix_verdict(k, terms, ranks, rates, input_tokens, output_tokens, need, l
     for c in range(n_points + 1):
         a = points[c] if c < n_points else top
         tokens = float(kv[row, a])
-        _, passes = _forest_verdict(terms, nominal, a, rank, tokens, min_ratio, x, x32, out, t_nodes,
-                                      t_thresholds, t_leaf_row, t_leaf_value, t_roots, s_nodes, s_thresholds,
-                                      s_leaf_row, s_leaf_value, s_roots)
-        if not passes:
+        if not _passes(terms, nominal, a, rank, tokens, min_ratio, x, x32, out, t_nodes, t_thresholds, t_leaf_row,
+                       t_leaf_value, t_roots, s_nodes, s_thresholds, s_leaf_row, s_leaf_value, s_roots):
             continue
         if not have_stressed:
             for i in range(k):
                 buf[i] = rates[i] * stress
             scenario_sums(ranks[:k], buf[:k], input_tokens[:k], output_tokens[:k], stressed)
             have_stressed = True
-        s_thr, _ = _forest_verdict(terms, stressed, a, rank, tokens, min_ratio, x, x32, out, t_nodes, t_thresholds,
-                                   t_leaf_row, t_leaf_value, t_roots, s_nodes, s_thresholds, s_leaf_row,
-                                   s_leaf_value, s_roots)
+        _features32(terms, stressed, a, rank, tokens, x, x32)
+        s_thr = _throughput(x, x32, out, t_nodes, t_thresholds, t_leaf_row, t_leaf_value, t_roots)
         if best == 0 or s_thr >= best_stressed:  # candidates ascend: a tie goes to the larger A_max
             best, best_stressed = a, s_thr
     return best
 
 
 @numba.njit(cache=True)
-def _forest_verdict(terms, sums, a_max, max_rank, kv, min_ratio, x, x32, out,
-                    t_nodes, t_thresholds, t_leaf_row, t_leaf_value, t_roots,
-                    s_nodes, s_thresholds, s_leaf_row, s_leaf_value, s_roots):
-    """(throughput, passes) of one scenario: not starved, and serving ``min_ratio`` of its load if > 0."""
+def _features32(terms, sums, a_max, max_rank, kv, x, x32):
+    """The feature row of a scenario (``x``) and its float32 copy, what the forests read."""
     finish_features(terms, sums, a_max, max_rank, kv, x)
     for f in range(x.shape[0]):
         x32[f] = x[f]
+
+
+@numba.njit(cache=True)
+def _throughput(x, x32, out, t_nodes, t_thresholds, t_leaf_row, t_leaf_value, t_roots):
     forest_row(t_nodes, t_thresholds, t_leaf_row, t_leaf_value, t_roots, x32, out)
-    thr = out[0] * throughput_base(x)
+    return out[0] * throughput_base(x)
+
+
+@numba.njit(cache=True)
+def _passes(terms, sums, a_max, max_rank, kv, min_ratio, x, x32, out,
+            t_nodes, t_thresholds, t_leaf_row, t_leaf_value, t_roots,
+            s_nodes, s_thresholds, s_leaf_row, s_leaf_value, s_roots):
+    """Not starved, and serving ``min_ratio`` of its load if > 0 (the throughput forest runs only then)."""
+    _features32(terms, sums, a_max, max_rank, kv, x, x32)
     forest_row(s_nodes, s_thresholds, s_leaf_row, s_leaf_value, s_roots, x32, out)
-    passes = not (out[1] > out[0])
-    if min_ratio > 0 and not thr >= min_ratio * sums[8]:
-        passes = False
-    return thr, passes
+    if out[1] > out[0]:
+        return False
+    return min_ratio <= 0 or _throughput(x, x32, out, t_nodes, t_thresholds, t_leaf_row, t_leaf_value,
+                                         t_roots) >= min_ratio * x[ARRIVING]

@@ -43,12 +43,11 @@ class RecordedRun:
     real: dict
 
 
-def load_runs(work_dir: str | Path, case_ids: list[str] | None = None) -> list[RecordedRun]:
-    """The runs a :class:`serving_harness.validation.Validator` saved under ``work_dir`` (all, or ``case_ids``)."""
+def load_runs(work_dir: str | Path) -> list[RecordedRun]:
+    """The runs a :class:`serving_harness.validation.Validator` saved under ``work_dir``."""
     work = Path(work_dir)
-    paths = (sorted((work / "cases").glob("*.json")) if case_ids is None
-             else [work / "cases" / f"{c}.json" for c in case_ids])
-    return [recorded_run(work, json.loads(p.read_text(encoding="utf-8"))) for p in paths]
+    return [recorded_run(work, json.loads(p.read_text(encoding="utf-8")))
+            for p in sorted((work / "cases").glob("*.json"))]
 
 
 def recorded_run(work_dir: Path, row: dict) -> RecordedRun:

@@ -410,7 +410,7 @@ CALIBRATION_SEED = 7
 def calibrate_fitted(profile: dict, spec: ProfileSpec, work_dir: Path, cases: int, duration_s: float,
                      warmup_s: float, python: str | None, progress: Progress | None) -> dict:
     """Run ``cases`` calibration workloads and fit the step latency to them (see calibration.py)."""
-    from serving_harness.calibration import calibrated_profile, load_runs
+    from serving_harness.calibration import calibrated_profile, recorded_run
     from serving_harness.validation import Validator
 
     micro = profile_from_dict(profile, where=f"fitted profile {spec.profile_id}")
@@ -418,8 +418,7 @@ def calibrate_fitted(profile: dict, spec: ProfileSpec, work_dir: Path, cases: in
     validator = Validator(micro, spec.model_dir, work_dir / "calibration", duration_s, warmup_s, python,
                           **({"report_progress": report} if report else {}))
     workloads = validator.workload_set(cases, CALIBRATION_SEED)
-    validator.run(workloads)
-    runs = load_runs(work_dir / "calibration", [c.case_id for c in workloads])
+    runs = [recorded_run(validator.work_dir, row) for row in validator.run(workloads)]
     return calibrated_profile(profile, runs, duration_s, warmup_s,
                               {"seed": CALIBRATION_SEED, "runs": str(work_dir / "calibration")})
 

@@ -3,6 +3,7 @@ called for (serving_harness/published_profiles.py)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 from conftest import LLAMA_HASH, STEP_10MS, make_profile_dict
@@ -36,7 +37,7 @@ def test_slot_term_folds_into_the_servers_step():
     d = make_profile_dict(step_latency_ms={**STEP_10MS, "l3_ms_per_slot_rank": 0.003})
     lat = profile_from_dict(d).step_latency
     assert profile_from_dict({**d, "step_latency_ms": step_latency_to_dict(lat)}).step_latency == lat
-    server = lat.for_server(128, 32).as_array()
+    server = np.array(lat.for_server(128, 32).as_array())
     assert step_ms(server, 4, 0, 3) == pytest.approx(10.0 + 0.003 * 128 * 32)
     assert step_ms(server, 4, 0, 0) == pytest.approx(10.0)  # no LoRA in the batch, no LoRA cost
     d["step_latency_ms"]["l3_ms_per_slot_rank"] = -1.0

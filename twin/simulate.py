@@ -190,14 +190,15 @@ def _summarise(profile, config, rank, kv_tokens, n_ad, req, state, first_tok, fi
     in_tok = req.input_tokens.astype(np.float64)
     out_tok = req.output_tokens.astype(np.float64)
     in_thr = in_tok[done].sum() / window
-    out_thr = out_tok[done].sum() / window
+    out_done = out_tok[done].sum()
+    out_thr = out_done / window
     arriving = (in_tok[arrived].sum() + out_tok[arrived].sum()) / window
     total = in_thr + out_thr
     ttft = (first_tok[done] - req.arrival_s[done]) * 1000.0
     n_done = int(done.sum())
     n_arr = int(arrived.sum())
     # A finished request's inter-token gaps sum to its finish minus first-token time, over (tokens - 1) gaps.
-    gaps = out_tok[done].sum() - n_done  # output lengths are >= 1 (draw_requests, trace_requests)
+    gaps = out_done - n_done  # output lengths are >= 1 (draw_requests, trace_requests)
     itl_mean = float((finish[done] - first_tok[done]).sum() / gaps * 1000.0) if gaps > 0 else float("nan")
     ttft_mean = float(ttft.mean()) if n_done else float("nan")
     ttft_study = ((ttft.sum() + (n_arr - n_done) * window * 1000.0) / n_arr) if n_arr else float("nan")
