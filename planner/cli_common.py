@@ -60,18 +60,24 @@ def policy_from_cli(name: str | None, params: tuple[str, ...], recorded: dict | 
 
 
 def confirm_options(fn):
-    """``--confirm/--no-confirm``, ``--max-ttft`` and ``--jobs`` of the twin confirmation (planner.confirm)."""
+    """``--confirm/--no-confirm``, ``--min-served``, ``--max-ttft`` and ``--jobs`` of the twin confirmation
+    (planner.confirm)."""
     fn = click.option("--jobs", type=click.IntRange(min=1), default=None,
                       help="Processes simulating GPUs for --confirm [CPU cores].")(fn)
     fn = click.option("--max-ttft", "max_ttft", type=click.FloatRange(min=0, min_open=True), default=None,
                       metavar="SECONDS",
                       help="greedy: also require each GPU's p99 time to first token in the twin to be at most this "
                            "(the 90 % rule alone allows a standing queue); GPUs that miss it are packed again.")(fn)
+    fn = click.option("--min-served", "min_served", type=click.FloatRange(0.9, 1.0, max_open=True), default=None,
+                      metavar="FRACTION",
+                      help="greedy: the share of its arriving tokens each GPU must serve in the twin [0.95]. "
+                           "Down to 0.9 (the starvation rule; the paper's greedy packs that densely) plans fewer "
+                           "GPUs with a standing queue; below 0.95 a GPU must meet it with three arrival seeds.")(fn)
     return click.option("--confirm/--no-confirm", default=True, show_default=True,
                         help="greedy with a surrogate: simulate every planned GPU in the twin (the run `planner "
                              "evaluate` makes) and pack again, with a load margin, where one falls short.")(fn)
 
 
-def confirm_settings(confirm: bool, max_ttft: float | None, jobs: int | None) -> dict:
+def confirm_settings(confirm: bool, min_served: float | None, max_ttft: float | None, jobs: int | None) -> dict:
     """The :class:`planner.plan.PlanOptions` fields of :func:`confirm_options`."""
-    return {"confirm": confirm, "max_ttft_s": max_ttft, "jobs": jobs or os.cpu_count() or 1}
+    return {"confirm": confirm, "min_served": min_served, "max_ttft_s": max_ttft, "jobs": jobs or os.cpu_count() or 1}

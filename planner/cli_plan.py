@@ -88,7 +88,8 @@ def _progress(k: int, n: int, name: str) -> None:
               help="Write a PNG of per-GPU load vs predicted throughput and A_max (needs matplotlib).")
 @user_errors
 def plan(workload, profile_id, gpus, algorithm, predictor_kind, policy, policy_params, headroom, input_tokens,
-         output_tokens, split_hot, balance, confirm, max_ttft, jobs, seed, out, fmt, as_json, model, adapter_dir, port_base,
+         output_tokens, split_hot, balance, confirm, min_served, max_ttft, jobs, seed, out, fmt, as_json, model, adapter_dir,
+         port_base,
          plot) -> None:
     """Plan the fewest GPUs that serve WORKLOAD, which adapter goes where, and each GPU's --max-loras.
 
@@ -110,7 +111,7 @@ def plan(workload, profile_id, gpus, algorithm, predictor_kind, policy, policy_p
     predictor = load_predictor_for(profile, predictor_kind, policy_from_cli(policy, policy_params))
     opts = PlanOptions(algorithm=algorithm, gpus=gpus, headroom=headroom, seed=seed, input_tokens=input_tokens,
                        output_tokens=output_tokens, split_hot=split_hot, balance=balance,
-                       **confirm_settings(confirm, max_ttft, jobs))
+                       **confirm_settings(confirm, min_served, max_ttft, jobs))
     t0 = time.perf_counter()
     placement = make_plan(workload, wl, profile, predictor, opts, progress=lambda msg: click.echo(msg, err=True))
     placement.inputs["plan_wall_s"] = round(time.perf_counter() - t0, 6)
@@ -215,8 +216,8 @@ Example (nightly, from cron; keeps plan.json untouched when anything fails):
 @confirm_options
 @click.option("--json", "as_json", is_flag=True, help="Print the new placement JSON.")
 @user_errors
-def replan(workload, previous_file, out, profile_id, gpus, predictor_kind, headroom, split_hot, confirm, max_ttft,
-           jobs, as_json) -> None:
+def replan(workload, previous_file, out, profile_id, gpus, predictor_kind, headroom, split_hot, confirm, min_served,
+           max_ttft, jobs, as_json) -> None:
     """Re-plan for WORKLOAD starting from the deployed placement, moving as little as possible.
 
     Adapters stay where they are while their GPU keeps up; engines restart only when --max-loras,
@@ -240,10 +241,10 @@ def replan(workload, previous_file, out, profile_id, gpus, predictor_kind, headr
         profile = load_profile(profile_id or previous.inputs.get("profile_id"))
         wl = read_workload(workload, profile)
         policy = policy_from_record(previous.inputs.get("policy"))
-        opts = PlanOptions(gpus=gpus, headroom=headroom, **confirm_settings(confirm, max_ttft, jobs))
+        opts = PlanOptions(gpus=gpus, headroom=headroom, **confirm_settings(confirm, min_served, max_ttft, jobs))
         req = pack_request(wl, profile, load_predictor_for(profile, predictor_kind, policy), opts)
         placement = run_replan(previous, workload, req, split_hot=split_hot, confirm=confirms(req, opts),
-                               jobs=opts.jobs, max_ttft_s=opts.max_ttft_s, progress=lambda msg: click.echo(msg, err=True))
+                               jobs=opts.jobs, bar=opts.bar, progress=lambda msg: click.echo(msg, err=True))
         doc = placement.to_dict()
         write_json_atomic(out, doc)
     if as_json:

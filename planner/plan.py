@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from models.predictor import Predictor
 from planner.baselines import plan_dlora, plan_latency, plan_maxbase, plan_random
-from planner.confirm import Confirmation, Progress, pack_confirmed
+from planner.confirm import Confirmation, Progress, ServiceBar, pack_confirmed
 from planner.greedy import plan_greedy
 from planner.packing import GpuGroup, PackRequest
 from planner.paper_greedy import plan_paper_greedy
@@ -52,6 +52,12 @@ class PlanOptions:
     confirm: bool = True  # greedy with a surrogate: confirm every GPU in the twin, repack if one falls short
     jobs: int = 1  # processes for the twin confirmation
     max_ttft_s: float | None = None  # confirmation also requires the twin's p99 TTFT within this
+    min_served: float | None = None  # confirmation's share of arriving tokens served [CONFIRM_RATIO]
+
+    @property
+    def bar(self) -> ServiceBar:
+        """What the twin confirmation requires of each GPU."""
+        return ServiceBar(*(() if self.min_served is None else (self.min_served,)), max_ttft_s=self.max_ttft_s)
 
 
 def pack_request(workload: Workload, profile: Profile, predictor: Predictor, opts: PlanOptions) -> PackRequest:
@@ -78,18 +84,19 @@ def run_algorithm(req: PackRequest, opts: PlanOptions) -> list[GpuGroup]:
 
 def confirms(req: PackRequest, opts: PlanOptions) -> bool:
     """Is this plan checked in the twin? Greedy plans made with a model other than the twin itself, and
-    every greedy plan with a TTFT limit."""
-    if opts.max_ttft_s is not None and not (opts.confirm and opts.algorithm == "greedy"):
-        raise BadInputError("--max-ttft is checked by the twin confirmation of greedy plans; "
+    every greedy plan with a TTFT limit or a share to serve."""
+    asked = opts.max_ttft_s is not None or opts.min_served is not None
+    if asked and not (opts.confirm and opts.algorithm == "greedy"):
+        raise BadInputError("--max-ttft and --min-served are checked by the twin confirmation of greedy plans; "
                             "drop --no-confirm or use --algorithm greedy")
-    return opts.confirm and opts.algorithm == "greedy" and (req.predictor.kind != "twin" or opts.max_ttft_s is not None)
+    return opts.confirm and opts.algorithm == "greedy" and (req.predictor.kind != "twin" or asked)
 
 
 def plan_groups(req: PackRequest, opts: PlanOptions,
                 progress: Progress | None = None) -> tuple[list[GpuGroup], Confirmation | None]:
     """Run the algorithm, confirmed in the twin where :func:`confirms` says so (else no confirmation)."""
     if confirms(req, opts):
-        return pack_confirmed(req, opts.split_hot, opts.balance, opts.jobs, opts.max_ttft_s, progress)
+        return pack_confirmed(req, opts.split_hot, opts.balance, opts.jobs, opts.bar, progress)
     return run_algorithm(req, opts), None
 
 

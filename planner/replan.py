@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from planner.confirm import Progress, replan_confirmed
+from planner.confirm import DEFAULT_BAR, Progress, ServiceBar, replan_confirmed
 from planner.greedy import plan_greedy
 from planner.packing import GpuGroup, PackRequest, a_max_limit, best_a_max, keeps_up
 from planner.placement import InstancePlan, Placement, adapter_rows, build_instances, engine_settings, plan_inputs
@@ -56,7 +56,7 @@ class _Slot:
 
 
 def replan(previous: Placement, workload_path, req: PackRequest, split_hot: bool = True, confirm: bool = False,
-           jobs: int = 1, max_ttft_s: float | None = None, progress: Progress | None = None) -> Placement:
+           jobs: int = 1, bar: ServiceBar = DEFAULT_BAR, progress: Progress | None = None) -> Placement:
     """Re-plan ``req``'s workload from ``previous``; with ``confirm``, every GPU of the result is checked
     in the twin and the whole re-plan reruns with a load margin while one falls short
     (:func:`planner.confirm.replan_confirmed`)."""
@@ -67,7 +67,7 @@ def replan(previous: Placement, workload_path, req: PackRequest, split_hot: bool
 
     confirmation = None
     if confirm:
-        labelled, confirmation = replan_confirmed(req, assign, jobs, max_ttft_s, progress)
+        labelled, confirmation = replan_confirmed(req, assign, jobs, bar, progress)
     else:
         labelled = assign(req, set())
     by_id = {p.instance_id: p for p in previous.instances}
