@@ -13,7 +13,9 @@ plans with fewer GPUs, ``paper_greedy_better`` says how close to starving its pl
 confirms every GPU at a ratio of at least ``planner.confirm.CONFIRM_RATIO``, paper-greedy only
 predicts ≥ 0.9. So greedy also runs at the paper's bar, ``greedy-min-served-0.9`` (``planner plan
 --min-served 0.9``: every GPU confirmed serving ≥ 0.9 with five arrival seeds, none of them the
-evaluation's), and ``at_paper_bar`` repeats the paper-greedy checks for it.
+evaluation's), and ``at_paper_bar`` repeats the paper-greedy checks for it. That row is meant for a
+surrogate predictor: with ``--predictor twin`` the ``greedy`` row is not confirmed (it packs to the 0.9
+rule with the twin itself) while the 0.9 row is, with five seeds.
 """
 
 from __future__ import annotations

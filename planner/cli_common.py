@@ -14,6 +14,7 @@ import click
 
 from twin.atomic import json_safe
 from twin.errors import LoraPlannerError
+from twin.simulate import STARVATION_THRESHOLD
 
 
 def print_json(obj) -> None:
@@ -68,11 +69,12 @@ def confirm_options(fn):
                       metavar="SECONDS",
                       help="greedy: also require each GPU's p99 time to first token in the twin to be at most this "
                            "(the 90 % rule alone allows a standing queue); GPUs that miss it are packed again.")(fn)
-    fn = click.option("--min-served", "min_served", type=click.FloatRange(0.9, 1.0, max_open=True), default=None,
-                      metavar="FRACTION",
-                      help="greedy: the share of its arriving tokens each GPU must serve in the twin [0.95]. "
-                           "Down to 0.9 (the starvation rule; the paper's greedy packs that densely) plans fewer "
-                           "GPUs with a standing queue; below 0.95 a GPU must meet it with three arrival seeds.")(fn)
+    fn = click.option("--min-served", "min_served", type=click.FloatRange(STARVATION_THRESHOLD, 1.0, max_open=True),
+                      default=None, metavar="FRACTION",
+                      help="greedy: the share of its arriving tokens each GPU must serve in the twin confirmation "
+                           "[0.95; also turns the confirmation on for --predictor twin]. Down to 0.9 (the starvation "
+                           "rule; the paper's greedy packs that densely) plans fewer GPUs with a standing queue; "
+                           "a GPU under 0.95 must meet it with four more arrival seeds.")(fn)
     return click.option("--confirm/--no-confirm", default=True, show_default=True,
                         help="greedy with a surrogate: simulate every planned GPU in the twin (the run `planner "
                              "evaluate` makes) and pack again, with a load margin, where one falls short.")(fn)

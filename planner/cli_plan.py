@@ -225,7 +225,9 @@ def replan(workload, previous_file, out, profile_id, gpus, predictor_kind, headr
     per GPU, the adapters to load and unload and whether to restart. Refuses to run while another
     re-plan writes the same --out; on any failure the files are left as they were. The GPUs keep the
     serving policy the previous plan records. As with `planner plan`, a surrogate's re-plan is
-    confirmed in the twin (--confirm) and rerun with a load margin while a GPU falls short.
+    confirmed in the twin (--confirm) and rerun with a load margin while a GPU falls short; without
+    --min-served or --max-ttft it keeps the previous plan's (so a GPU planned at 0.9 is not dropped
+    for missing the default 0.95).
     """
     from planner.placement import read_placement
     from planner.plan import PlanOptions, confirms, pack_request
@@ -241,6 +243,8 @@ def replan(workload, previous_file, out, profile_id, gpus, predictor_kind, headr
         profile = load_profile(profile_id or previous.inputs.get("profile_id"))
         wl = read_workload(workload, profile)
         policy = policy_from_record(previous.inputs.get("policy"))
+        if confirm:
+            min_served, max_ttft = previous_bar(previous.inputs.get("confirmation"), min_served, max_ttft)
         opts = PlanOptions(gpus=gpus, headroom=headroom, **confirm_settings(confirm, min_served, max_ttft, jobs))
         req = pack_request(wl, profile, load_predictor_for(profile, predictor_kind, policy), opts)
         placement = run_replan(previous, workload, req, split_hot=split_hot, confirm=confirms(req, opts),
@@ -338,3 +342,15 @@ def verify(placement_file, engine, duration, warmup, model, adapter_dir, synthes
                        f"twin on the same requests {r.twin_tok_s:,.0f}; records {r.records}")
     if not all(r.holds for r in results):
         raise InfeasibleError("the plan does not hold on real engines (see above)")
+
+
+def previous_bar(confirmation: dict | None, min_served: float | None,
+                 max_ttft: float | None) -> tuple[float | None, float | None]:
+    """``--min-served`` / ``--max-ttft`` of a re-plan: as given, else what the previous plan was confirmed
+    with where that differs from the default."""
+    from planner.confirm import CONFIRM_RATIO
+
+    conf = confirmation or {}
+    if min_served is None and conf.get("min_ratio", CONFIRM_RATIO) < CONFIRM_RATIO:
+        min_served = conf["min_ratio"]
+    return min_served, conf.get("max_ttft_s") if max_ttft is None else max_ttft

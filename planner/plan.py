@@ -87,8 +87,8 @@ def confirms(req: PackRequest, opts: PlanOptions) -> bool:
     every greedy plan with a TTFT limit or a share to serve."""
     asked = opts.max_ttft_s is not None or opts.min_served is not None
     if asked and not (opts.confirm and opts.algorithm == "greedy"):
-        raise BadInputError("--max-ttft and --min-served are checked by the twin confirmation of greedy plans; "
-                            "drop --no-confirm or use --algorithm greedy")
+        raise BadInputError("--max-ttft and --min-served are checked by the twin confirmation, which runs for "
+                            "--algorithm greedy only: drop --no-confirm (and, for `plan`, any other --algorithm)")
     return opts.confirm and opts.algorithm == "greedy" and (req.predictor.kind != "twin" or asked)
 
 

@@ -51,8 +51,9 @@ def _confirmation_line(c: dict) -> str:
             f"{c['worst_ratio']:.1%} of its arriving tokens, the worst p99 TTFT is {c['worst_ttft_ms_p99'] / 1000:,.1f} s")
     if c["max_ttft_s"] is not None:
         line += f" (limit {c['max_ttft_s']:g} s)"
-    if len(c["seeds"]) > 1:
-        line += f"; --min-served {c['min_ratio']:g}: a GPU below 95 % had to meet it with {len(c['seeds'])} arrival seeds"
+    if c["seeds_below_default_ratio"]:
+        line += (f"; --min-served {c['min_ratio']:g}: a GPU below 95 % had to meet it with "
+                 f"{1 + len(c['seeds_below_default_ratio'])} arrival seeds")
     if c.get("retuned_gpus"):
         line += f"; {c['retuned_gpus']} GPU(s) fell short and were kept with another --max-loras the twin confirmed"
     if c["repacked_gpus"]:
