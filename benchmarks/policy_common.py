@@ -34,10 +34,10 @@ def scaled(wl: Workload, factor: float) -> Workload:
 
 
 def run_point(wl: Workload, profile, policy, a_max: int, duration_s: float, warmup_s: float, length_cv: float,
-              seed: int = 0) -> dict:
+              seed: int = 0, conversations=None) -> dict:
     """One simulation; TTFT/ITL figures plus E2E ~ TTFT + ITL x (output - 1) and time per token."""
     cfg = SimConfig(a_max=a_max, duration_s=duration_s, warmup_s=warmup_s, seed=seed, policy=policy,
-                    lengths=LengthModel.lognormal(length_cv))
+                    lengths=LengthModel.lognormal(length_cv), conversations=conversations)
     t0 = time.perf_counter()
     r = simulate(wl, profile, cfg)
     out = float(np.mean([a.output_tokens for a in wl.adapters]))

@@ -12,6 +12,8 @@ Example:
       --profile h100-64gb-qwen2.5-7b --duration 3600 --json
   planner simulate datasets/workloads/small-8-adapters.csv --a-max 8 \\
       --policy chameleon --policy-param queues=2 --json
+  planner simulate datasets/workloads/small-8-adapters.csv --a-max 8 \\
+      --turns 4 --think-time 30 --policy elora   # multi-turn chat: ELORA reuses history KV
 """
 
 
@@ -75,12 +77,17 @@ def profiles(as_json: bool) -> None:
               help="Step-latency model of the profile (see `planner profiles`), e.g. 'study'.")
 @click.option("--timeseries-every", type=click.FloatRange(min=0), default=0.0,
               help="Add running/waiting/KV-use samples every S seconds to --json output.")
+@click.option("--turns", type=click.FloatRange(min=1), default=None,
+              help="Multi-turn chat: mean turns per conversation (geometric). Each turn's prompt carries the "
+                   "conversation so far; an adapter's rate stays its turns per second. [default: single-turn]")
+@click.option("--think-time", type=click.FloatRange(min=0), default=30.0, show_default=True,
+              help="With --turns: mean seconds between a conversation's turns (exponential).")
 @policy_options()
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @user_errors
 def simulate(workload, a_max, profile_id, duration, warmup, seed, arrivals, input_tokens, output_tokens,
-             lengths, length_cv, max_in_flight, latency_model, timeseries_every, policy, policy_params,
-             as_json) -> None:
+             lengths, length_cv, max_in_flight, latency_model, timeseries_every, turns, think_time, policy,
+             policy_params, as_json) -> None:
     """Simulate one vLLM server serving WORKLOAD with --max-loras A_MAX in the digital twin.
 
     Reports throughput (input + output tokens of requests finished in the window, per second),
@@ -88,10 +95,13 @@ def simulate(workload, a_max, profile_id, duration, warmup, seed, arrivals, inpu
     TTFT over finished requests, preemptions and adapter loads. Exit code 3 when the profile says
     vLLM would not start with this A_max (memory error). With --policy other than vllm, memory is
     one pool shared by KV and adapters, and A_max only caps the distinct adapters of one batch.
+    With --turns, stock vLLM recomputes each turn's history (the profiles run without prefix
+    caching); --policy elora keeps it, swapped to host memory when the pool needs room.
     """
     from planner.workload_csv import read_workload
     from twin import (
         DEFAULT_PROFILE_ID,
+        Conversations,
         PoissonArrivals,
         SimConfig,
         UnpredictableArrivals,
@@ -107,6 +117,7 @@ def simulate(workload, a_max, profile_id, duration, warmup, seed, arrivals, inpu
         lengths=_length_model(profile, lengths, length_cv),
         input_tokens=input_tokens, output_tokens=output_tokens, max_in_flight=max_in_flight,
         timeseries_dt_s=timeseries_every, policy=policy_from_cli(policy, policy_params),
+        conversations=None if turns is None else Conversations(turns, think_time),
     )
     res = run(wl, profile, cfg)
     if as_json:
@@ -120,6 +131,10 @@ def simulate(workload, a_max, profile_id, duration, warmup, seed, arrivals, inpu
                f"(p99 {res.ttft_ms_p99:,.0f})")
     click.echo(f"  requests: {res.arrived_requests} arrived, {res.finished_requests} finished, "
                f"{res.rejected_requests} rejected; {res.preemptions} preemptions, {res.adapter_loads} adapter loads")
+    stats = res.policy_stats or {}
+    if "history_reused" in stats:
+        click.echo(f"  history KV ({res.conversations}): {stats['history_reused']:.0%} of history tokens reused, "
+                   f"{stats['history_swap_ins']} swapped back in, {stats['prefill_tokens']:,} prompt tokens computed")
     click.echo(f"  simulated in {res.sim_wall_s:.2f} s")
 
 

@@ -52,6 +52,8 @@ MODELS = {
     "h100-64gb-llama-3.1-8b": ("llama-3.1-8b-instruct", "Llama-3.1-8B-Instruct", 131072),
     "h100-64gb-qwen2.5-7b": ("qwen-2.5-7b-instruct", "Qwen2.5-7B-Instruct", 32768),
 }
+#: KV shape from each model's published config.json (layers, KV heads, head dim): KV bytes per token.
+KV_SHAPE = {"llama-3.1-8b-instruct": (32, 8, 128), "qwen-2.5-7b-instruct": (28, 4, 128)}
 #: Mean ShareGPT pool lengths of the study's real runs (data README, caveat 4).
 PREFILL_KP = 0.01
 DEFAULT_LENGTHS = {"llama-3.1-8b-instruct": (222.9, 196.4), "qwen-2.5-7b-instruct": (222.7, 200.0)}
@@ -133,7 +135,8 @@ def build(data: Path) -> dict[str, dict]:
             "profile_id": pid,
             "description": f"{pretty} on one NVIDIA H100 64GB, vLLM 0.8.5 V1 (the study's setup)",
             "hardware": {"accelerator": "NVIDIA H100 64GB HBM", "count": 1, "memory_gib": 63.43},
-            "model": {"name": pretty, "hf_id_family": model},
+            "model": {"name": pretty, "hf_id_family": model,
+                      **dict(zip(("num_hidden_layers", "num_key_value_heads", "head_dim"), KV_SHAPE[model]))},
             "engine": {
                 "version": "0.8.5", "block_size": 16, "max_num_batched_tokens": 2048, "max_num_seqs": 2048,
                 "max_model_len": max_len, "chunked_prefill": True, "prefix_caching": False,

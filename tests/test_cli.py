@@ -22,6 +22,19 @@ def test_simulate_json_has_the_documented_keys():
     assert out["starved"] is False and out["finished_requests"] > 0
 
 
+def test_simulate_multi_turn_chat_recomputes_history_in_stock_vllm_and_reuses_it_in_elora():
+    args = ["simulate", WL, "--a-max", "8", "--duration", "600", "--turns", "4", "--think-time", "20"]
+    stock = json.loads(CliRunner().invoke(main, [*args, "--json"]).output)
+    elora = CliRunner().invoke(main, [*args, "--policy", "elora"])
+    assert elora.exit_code == 0, elora.output
+    assert stock["conversations"] == "4 turns, think 20 s" and stock["policy_stats"] is None
+    assert "history KV (4 turns, think 20 s)" in elora.output and "of history tokens reused" in elora.output
+    single = json.loads(CliRunner().invoke(main, [*args[:6], "--json"]).output)
+    # Each turn carries its conversation so far: more prompt tokens arrive at the same request rate.
+    assert stock["arriving_tok_s"] > 1.5 * single["arriving_tok_s"]
+    assert single["conversations"] is None
+
+
 def test_simulate_overload_and_unpredictable_and_human_output():
     res = CliRunner().invoke(main, ["simulate", "datasets/workloads/high-rate-64-adapters.csv", "--a-max", "16",
                                     "--profile", "h100-64gb-qwen2.5-7b", "--duration", "300",

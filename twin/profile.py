@@ -225,11 +225,18 @@ class PolicyTerms:
     ``cpu_lora_us_per_token_rank``: wall time of Toppings' CPU LoRA path per prompt token and unit
     of rank. Default 6.1 µs from Toppings §6 (27 ms of CPU LoRA per request in S3: rank 64, q/k/v of
     Llama2-7B, LMSYS-Chat-1M prompts of 69.5 tokens on average per the LMSYS-Chat-1M paper).
+    ``host_link_gb_s``: one direction of the GPU's host link, for swapping history KV (ELORA). Default
+    64 GB/s: PCIe 5.0 x16, ELORA's testbed ("128 GB/s" both ways).
     """
 
     adapter_kv_tokens: dict[int, float] = field(default_factory=dict)
     cpu_lora_us_per_token_rank: float = 6.1
+    host_link_gb_s: float = 64.0
     source: str = ""
+
+    def swap_ms(self, kv_bytes_per_token: float) -> float:
+        """Milliseconds to copy one token of KV over the host link."""
+        return kv_bytes_per_token / (self.host_link_gb_s * 1e9) * 1000.0
 
     def adapter_tokens(self, kv: KVCapacity, rank: int) -> float:
         table = dict(self.adapter_kv_tokens) or {r: _slot_tokens(kv, r) for r in kv.lora_ranks}
@@ -282,6 +289,17 @@ class Profile:
             known = ", ".join(["default", *self.step_latency_variants]) or "default"
             raise ProfileError(f"profile {self.profile_id} has no latency model '{name}' (has: {known})")
         return replace(self, step_latency=self.step_latency_variants[name])
+
+    @property
+    def kv_bytes_per_token(self) -> float | None:
+        """KV cache bytes per token: the engine's measured KV bytes over its tokens, else the model's
+        shape (K and V, per layer, KV heads x head dim, 2-byte elements); None if neither is known."""
+        if self.engine.kv_cache_bytes:
+            return self.engine.kv_cache_bytes / self.kv.no_lora_tokens
+        m = self.model
+        if all(isinstance(m.get(k), int) for k in ("num_hidden_layers", "num_key_value_heads", "head_dim")):
+            return 2.0 * m["num_hidden_layers"] * m["num_key_value_heads"] * m["head_dim"] * 2
+        return None
 
     def default_lengths(self) -> LengthModel:
         """How the twin draws request lengths around their means unless told otherwise."""
@@ -477,6 +495,7 @@ def profile_from_dict(raw: Any, where: str = "profile") -> Profile:
     policy_terms = PolicyTerms(
         adapter_kv_tokens={} if ad_tok is None else {int(k): ad_tok.num(k, min_value=0) for k in ad_tok.data},
         cpu_lora_us_per_token_rank=pt.num("cpu_lora_us_per_token_rank", 6.1, min_value=0),
+        host_link_gb_s=pt.num("host_link_gb_s", 64.0, positive=True),
         source=pt.str_("source", ""),
     )
 

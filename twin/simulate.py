@@ -22,7 +22,7 @@ from twin import core
 from twin.errors import InfeasibleError, ProfileError, WorkloadError
 from twin.policies.memory import kv_capacity
 from twin.profile import Profile
-from twin.workload import LengthModel, PoissonArrivals, Requests, Workload, draw_requests
+from twin.workload import Conversations, LengthModel, PoissonArrivals, Requests, Workload, draw_requests
 
 STARVATION_THRESHOLD = 0.9
 
@@ -42,6 +42,7 @@ class SimConfig:
     timeseries_dt_s: float = 0.0  # sample running/waiting/KV use every this many s; 0 = off
     trace_events: int = 0  # record up to this many scheduler events (tests)
     policy: Any = None  # a twin.policies.PolicySpec; None = stock vLLM (twin.core)
+    conversations: Conversations | None = None  # multi-turn chat; None = single-turn requests
 
 
 @dataclass
@@ -77,6 +78,7 @@ class SimResult:
     policy: str = "vllm"
     lengths: str = "constant"  # how request lengths were drawn: constant, lognormal cv=X/Y, or trace
     policy_stats: dict[str, Any] | None = None  # cache hit rate, evictions, load stalls, ... (non-stock)
+    conversations: str | None = None  # how multi-turn requests were drawn; None: single-turn
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -133,7 +135,7 @@ def simulate(
         requests = draw_requests(
             workload, config.duration_s, config.seed, config.arrivals, lengths,
             config.input_tokens or profile.default_input_tokens,
-            config.output_tokens or profile.default_output_tokens,
+            config.output_tokens or profile.default_output_tokens, config.conversations,
         )
     n_ad = len(workload)
     load_ms = np.array([profile.adapter_load.load_ms(rank, a.rank) for a in workload.adapters])
@@ -220,4 +222,6 @@ def _summarise(profile, config, rank, kv_tokens, n_ad, req, state, first_tok, fi
         busy_fraction=float(min(1.0, busy_s / t_hi)), sim_wall_s=wall,
         timeseries=ts if config.timeseries_dt_s > 0 else None,
         trace=trace if config.trace_events > 0 else None, lengths=lengths,
+        conversations=config.conversations.describe() if config.conversations and req.conversation is not None
+        else None,
     )

@@ -54,11 +54,18 @@ class Requests:
 
     arrival_s: np.ndarray  # float64
     adapter: np.ndarray  # int64 index into Workload.adapters
-    input_tokens: np.ndarray  # int32
+    input_tokens: np.ndarray  # int32; a conversation turn's prompt includes its history
     output_tokens: np.ndarray  # int32
+    conversation: np.ndarray | None = None  # int64 conversation id per request (-1: single-turn); None: all single
+    history_tokens: np.ndarray | None = None  # int32: tokens of the prompt that are earlier turns (prompts + replies)
 
     def __len__(self) -> int:
         return int(self.arrival_s.shape[0])
+
+    @property
+    def conversations(self) -> int:
+        """How many conversations the requests belong to (0 when every request is single-turn)."""
+        return 0 if self.conversation is None or len(self) == 0 else int(self.conversation.max()) + 1
 
 
 @dataclass(frozen=True)
@@ -156,6 +163,45 @@ class UnpredictableArrivals:
         return np.concatenate(out) if out else np.empty(0)
 
 
+@dataclass(frozen=True)
+class Conversations:
+    """Multi-turn chat: an adapter's requests are the turns of conversations.
+
+    Conversations of an adapter start by its arrival process at ``rate / turns``, so ``rate_rps``
+    stays the adapter's request (turn) rate. Each has a geometric number of turns with mean ``turns``
+    (>= 1) and exponential gaps with mean ``think_s`` between one turn's arrival and the next
+    (Choice: arrivals are open-loop, so a turn may arrive before the previous reply is done; it then
+    finds no history to reuse). A turn's prompt is the whole conversation so far (every earlier
+    prompt and reply) plus new tokens drawn around the adapter's mean input length; turns past the
+    run's duration are dropped. LMSYS-Chat-1M averages 2.0 turns per conversation.
+    """
+
+    turns: float = 2.0
+    think_s: float = 30.0
+
+    def __post_init__(self):
+        if not (np.isfinite(self.turns) and self.turns >= 1):
+            raise WorkloadError("conversation turns (mean) must be >= 1")
+        if not (np.isfinite(self.think_s) and self.think_s >= 0):
+            raise WorkloadError("conversation think time must be finite and >= 0")
+
+    def describe(self) -> str:
+        return f"{self.turns:g} turns, think {self.think_s:g} s"
+
+    def turn_times(self, starts: np.ndarray, duration: float, rng: np.random.Generator):
+        """Arrival times of every turn of conversations starting at ``starts``, with each turn's
+        conversation (index into ``starts``), in conversation order."""
+        count = rng.geometric(1.0 / self.turns, starts.shape[0])
+        conv = np.repeat(np.arange(starts.shape[0]), count)
+        first = np.cumsum(count) - count  # position of each conversation's first turn
+        gaps = rng.exponential(self.think_s, conv.shape[0]) if self.think_s > 0 else np.zeros(conv.shape[0])
+        gaps[first] = 0.0
+        csum = np.cumsum(gaps)
+        times = starts[conv] + csum - np.repeat(csum[first], count)
+        keep = times < duration
+        return times[keep], conv[keep]
+
+
 def draw_requests(
     workload: Workload,
     duration_s: float,
@@ -164,12 +210,21 @@ def draw_requests(
     lengths: LengthModel = LengthModel(),
     default_input_tokens: float = 1.0,
     default_output_tokens: float = 1.0,
+    conversations: Conversations | None = None,
 ) -> Requests:
-    """Draw one run's requests from the workload's per-adapter arrival processes."""
+    """Draw one run's requests from the workload's per-adapter arrival processes (single-turn, or the
+    turns of ``conversations``)."""
     rng = np.random.default_rng(seed)
-    times, ads = [], []
+    times, ads, convs = [], [], []
+    n_conv = 0
     for i, a in enumerate(workload.adapters):
-        t = arrivals.adapter_times(a.rate_rps, duration_s, rng)
+        if conversations is None:
+            t = arrivals.adapter_times(a.rate_rps, duration_s, rng)
+        else:
+            starts = arrivals.adapter_times(a.rate_rps / conversations.turns, duration_s, rng)
+            t, c = conversations.turn_times(starts, duration_s, rng)
+            convs.append(c + n_conv)
+            n_conv += starts.shape[0]
         times.append(t)
         ads.append(np.full(t.shape[0], i, np.int64))
     arrival = np.concatenate(times) if times else np.empty(0)
@@ -178,11 +233,27 @@ def draw_requests(
     arrival, adapter = arrival[order], adapter[order]
     mean_in = np.array([a.input_tokens or default_input_tokens for a in workload.adapters])[adapter]
     mean_out = np.array([a.output_tokens or default_output_tokens for a in workload.adapters])[adapter]
-    return Requests(
-        arrival, adapter,
-        lengths.draw(mean_in, lengths.input_cv, rng),
-        lengths.draw(mean_out, lengths.output_cv, rng),
-    )
+    ins = lengths.draw(mean_in, lengths.input_cv, rng)
+    outs = lengths.draw(mean_out, lengths.output_cv, rng)
+    if conversations is None:
+        return Requests(arrival, adapter, ins, outs)
+    conv = np.concatenate(convs)[order]
+    prompts, history = _with_history(conv, ins, outs)
+    return Requests(arrival, adapter, prompts, outs, conversation=conv, history_tokens=history)
+
+
+def _with_history(conv: np.ndarray, new_in: np.ndarray, outs: np.ndarray):
+    """(prompts, history tokens) of turns in arrival order: each prompt carries every earlier turn of
+    its conversation, prompt and reply."""
+    by_conv = np.argsort(conv, kind="stable")  # turns of one conversation stay in arrival order
+    c = conv[by_conv]
+    turn_tokens = new_in[by_conv].astype(np.int64) + outs[by_conv]
+    csum = np.cumsum(turn_tokens) - turn_tokens  # tokens of all earlier turns, across conversations
+    start = np.r_[True, c[1:] != c[:-1]]
+    history = csum - np.maximum.accumulate(np.where(start, csum, 0))
+    out = np.empty_like(history)
+    out[by_conv] = history
+    return (new_in + out).astype(np.int32), out.astype(np.int32)
 
 
 def trace_requests(workload: Workload, arrival_s, adapter_ids, input_tokens, output_tokens) -> Requests:

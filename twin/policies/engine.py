@@ -32,6 +32,10 @@ profile's step latency and scheduler overhead) and changes what those systems ch
   pool's tokens; KV blocks are still allocated as vLLM does (a mis-predicted output can preempt).
 * ELORA's swapper: every ``swap_period`` it brings in host adapters with the highest retention
   value while the pool is below the idle threshold and fewer than ``Low_lora`` LoRAs are resident.
+* History KV of multi-turn conversations (``prefix_cache``; ``twin.policies.history``): a finished
+  turn's KV stays in the pool for the next turn, which computes only its new tokens; idle history
+  is evicted like an idle adapter (to host memory with ``host_kv``, and, under ``dependency``,
+  before its adapter).
 """
 
 from __future__ import annotations
@@ -55,9 +59,11 @@ from twin.core import (
     trace_event,
     trace_scheduled,
 )
+from twin.policies import history as hx
 from twin.policies.rules import (
     CACHE_DISCARD,
     CACHE_ELORA,
+    CACHE_LRU,
     P_BATCH_WINDOW_S,
     P_CPU_SYNC_MS,
     P_FREQ_WINDOW_S,
@@ -85,8 +91,9 @@ N_INT_PARAMS = 7
 
 # Policy statistics returned next to the counters.
 (S_HITS, S_MISSES, S_EVICTIONS, S_STALL_S, S_CPU_STEPS, S_PEAK_RESIDENT, S_SWAP_INS, S_REFRESHES, S_LOADS,
- S_BYPASSES, S_SQUASHED) = range(11)
-N_STATS = 11
+ S_BYPASSES, S_SQUASHED, S_HISTORY_TOKENS, S_REUSED_TOKENS, S_PREFILL_TOKENS, S_KV_EVICTIONS, S_KV_SWAP_INS,
+ S_INVALID_BLOCK_S, S_USED_BLOCK_S) = range(18)
+N_STATS = 18
 
 
 @nb.njit(cache=True)
@@ -96,39 +103,65 @@ def _settle(a, now, ad_state, ad_ready):
 
 
 @nb.njit(cache=True)
-def _reclaimable(protect, now, ad_state, ad_ready, rc, ad_blocks, mem):
-    """Free blocks plus the blocks of every idle adapter but ``protect`` (what evicting them all gives)."""
-    free = mem[0]
+def _reclaimable(protect, now, ad_state, ad_ready, rc, ad_blocks, mem, hist):
+    """Free blocks plus those of all idle history and of every idle adapter but ``protect`` (what
+    evicting them all gives; under the dependency rule not adapters whose history is still coming in)."""
+    free = mem[0] + mem[2]
+    depend = hist[4][hx.HC_DEPEND]
     for a in range(ad_state.shape[0]):
         _settle(a, now, ad_state, ad_ready)
-        if ad_state[a] == AD_GPU and rc[a] == 0 and a != protect:
+        if ad_state[a] == AD_GPU and rc[a] == 0 and a != protect and not (depend and hist[2][a, hx.AH_LOADING]):
             free += ad_blocks[a]
     return free
 
 
 @nb.njit(cache=True)
 def _make_room(need, protect, now, mode, ad_state, ad_ready, rc, qc, freq, freq_t, last_used, ad_tokens,
-               ad_blocks, load_ms, fp, mem, stats, partial=False):
-    """Evict idle adapters until ``need`` blocks are free (``mem[0]``); idle = on the GPU with no
-    running request; those no queued request wants go first, then the others. False if it cannot;
-    then nothing is evicted, unless ``partial`` (KV for running requests: every block spared is a
-    smaller preemption)."""
+               ad_blocks, load_ms, fp, mem, stats, hist, partial=False):
+    """Evict idle adapters and idle history (``twin.policies.history``) until ``need`` blocks are
+    free (``mem[0]``); idle = on the GPU with no running request; what no unfinished request wants
+    goes first, then the rest (then anything, for adapters the dependency rule held back). False if it
+    cannot; then nothing is evicted, unless ``partial`` (KV for running requests: every block spared
+    is a smaller preemption)."""
     na = ad_state.shape[0]
-    if not partial and mem[0] < need and _reclaimable(protect, now, ad_state, ad_ready, rc, ad_blocks, mem) < need:
+    if not partial and mem[0] < need and _reclaimable(protect, now, ad_state, ad_ready, rc, ad_blocks, mem,
+                                                      hist) < need:
         return False
+    depend = hist[4][hx.HC_DEPEND]
+    ad_h = hist[2]
     cand = np.zeros(na, np.bool_)
-    for tier in range(2):
+    for tier in range(3):
         while mem[0] < need:
             n_c = 0
             for a in range(na):
                 _settle(a, now, ad_state, ad_ready)
                 cand[a] = (ad_state[a] == AD_GPU and rc[a] == 0 and a != protect and ad_blocks[a] > 0
-                           and (qc[a] > 0) == (tier == 1))
+                           and (tier == 2 or (qc[a] > 0) == (tier == 1))
+                           and not (depend and ad_h[a, hx.AH_ENTRIES] > 0))
                 n_c += cand[a]
-            if n_c == 0:
+            v, v_score = -1, np.inf
+            if n_c > 0:
+                score = eviction_scores(mode, now, cand, freq, freq_t, last_used, ad_tokens, load_ms, fp)
+                v = int(np.argmin(score))
+                v_score = score[v]
+            c, c_score = -1, np.inf
+            if mem[2] > 0:
+                ftot = 0.0
+                if mode == CACHE_ELORA:
+                    for a in range(na):
+                        ftot += decayed(freq[a], freq_t[a], now, fp[P_FREQ_WINDOW_S])
+                    # Eq. 4 (Choice, the notes' ambiguity b): a LoRA's keep-value grows as evicting it
+                    # would leave fewer than Low_lora LoRAs; history leaves keep theirs.
+                    low = low_lora(freq, freq_t, now, fp[P_BATCH_WINDOW_S], hist[5][hx.HP_BS_AVG])
+                    if v >= 0 and mem[1] - 1 < low:
+                        v_score *= min(1e6, low / max(mem[1] - 1, 1e-6))
+                c, c_score = hx.best_victim(tier, now, mode == CACHE_ELORA, hist, mem, fp, ftot)
+            if v < 0 and c < 0:
                 break
-            score = eviction_scores(mode, now, cand, freq, freq_t, last_used, ad_tokens, load_ms, fp)
-            v = int(np.argmin(score))
+            if c >= 0 and (v < 0 or mode != CACHE_ELORA and mode != CACHE_LRU or c_score <= v_score):
+                hx.evict(c, hist, mem)
+                stats[S_KV_EVICTIONS] += 1
+                continue
             ad_state[v] = AD_HOST
             mem[0] += ad_blocks[v]
             mem[1] -= 1
@@ -138,10 +171,10 @@ def _make_room(need, protect, now, mode, ad_state, ad_ready, rc, qc, freq, freq_
 
 @nb.njit(cache=True)
 def _start_load(a, now, mode, ad_state, ad_ready, rc, qc, freq, freq_t, last_used, ad_tokens, ad_blocks,
-                load_ms, fp, mem, stats, pcie):
+                load_ms, fp, mem, stats, pcie, hist):
     """Reserve ``a``'s blocks and queue its copy on the PCIe channel (``pcie[0]``: when it is free)."""
     if not _make_room(ad_blocks[a], a, now, mode, ad_state, ad_ready, rc, qc, freq, freq_t, last_used, ad_tokens,
-                      ad_blocks, load_ms, fp, mem, stats):
+                      ad_blocks, load_ms, fp, mem, stats, hist):
         return False
     mem[0] -= ad_blocks[a]
     mem[1] += 1
@@ -151,6 +184,18 @@ def _start_load(a, now, mode, ad_state, ad_ready, rc, qc, freq, freq_t, last_use
     pcie[0] = ad_ready[a]
     ad_state[a] = AD_LOADING
     stats[S_LOADS] += 1
+    return True
+
+
+@nb.njit(cache=True)
+def _swap_in_history(c, a, now, mode, ad_state, ad_ready, rc, qc, freq, freq_t, last_used, ad_tokens, ad_blocks,
+                     load_ms, fp, mem, stats, pcie, hist):
+    """Make room for host history ``c`` (sparing its adapter ``a``) and queue its copy back."""
+    if not _make_room(hist[0][c, hx.HI_BLOCKS], a, now, mode, ad_state, ad_ready, rc, qc, freq, freq_t, last_used,
+                      ad_tokens, ad_blocks, load_ms, fp, mem, stats, hist):
+        return False
+    hx.start_swap_in(c, now, hist, mem, pcie)
+    stats[S_KV_SWAP_INS] += 1
     return True
 
 
@@ -254,10 +299,10 @@ def _q_remove(r, q, q_head, q_tail, nxt, prv):
 
 @nb.njit(cache=True)
 def simulate_policy_core(
-    arrival, adapter, in_len, out_len, out_pred,  # requests, sorted by arrival
+    arrival, adapter, in_len, out_len, out_pred, conv, history_len,  # requests, sorted by arrival
     ad_tokens, ad_blocks, ad_load_ms, ad_cpu_ms_per_token,  # per adapter
     duration, a_max, pool_blocks, block_size, max_batched, max_num_seqs, full_prompt_admission,
-    lat, sched, ip, fp, max_in_flight, ts_dt, trace_cap,
+    lat, sched, ip, fp, max_in_flight, ts_dt, trace_cap, hist,
 ):
     n = arrival.shape[0]
     na = ad_tokens.shape[0]
@@ -296,7 +341,7 @@ def simulate_policy_core(
     freq_t = np.zeros(na)
     last_used = np.zeros(na)
     stats = np.zeros(N_STATS)
-    mem = np.zeros(2, np.int64)  # free blocks, resident (or loading) adapters
+    mem = np.zeros(3, np.int64)  # free blocks, resident (or loading) adapters, idle history blocks
     mem[0] = pool_blocks
     pcie = np.zeros(1)
     if ip[I_PRELOAD]:
@@ -329,6 +374,8 @@ def simulate_policy_core(
     step_avg_s = step_ms(lat, 1.0, 0.0, 1) / 1000.0  # recent step time (the bypass's predictions)
     next_swap = 0.0
     fw = fp[P_FREQ_WINDOW_S]
+    history_on = hist[4][hx.HC_ON] != 0
+    ad_h = hist[2]
 
     while True:
         # 1. Arrivals join the back of their queue; their adapter's copy starts (prefetch).
@@ -347,6 +394,12 @@ def simulate_policy_core(
             freq_t[a] = now
             _settle(a, now, ad_state, ad_ready)
             stats[S_HITS if ad_state[a] != AD_HOST else S_MISSES] += 1
+            c = conv[r]
+            if c >= 0 and history_on:
+                hx.visit(c, now, hist, fw)
+                if ip[I_PREFETCH] and hist[0][c, hx.HI_STATE] == hx.H_HOST:
+                    _swap_in_history(c, a, now, cache_mode, ad_state, ad_ready, rc, qc, freq, freq_t, last_used,
+                                     ad_tokens, ad_blocks, ad_load_ms, fp, mem, stats, pcie, hist)
             if sched_mode == SCHED_MLQ:
                 max_in_seen = max(max_in_seen, float(in_len[r]))
                 max_out_seen = max(max_out_seen, float(out_pred[r]))
@@ -357,7 +410,7 @@ def simulate_policy_core(
             _q_push(r, req_q[r], False, q_head, q_tail, nxt, prv)
             if ip[I_PREFETCH] and cold != COLD_INLINE and ad_state[a] == AD_HOST:
                 _start_load(a, now, cache_mode, ad_state, ad_ready, rc, qc, freq, freq_t, last_used, ad_tokens,
-                            ad_blocks, ad_load_ms, fp, mem, stats, pcie)
+                            ad_blocks, ad_load_ms, fp, mem, stats, pcie, hist)
 
         while ts_dt > 0 and next_ts <= now and ts_i < n_ts:
             ts[ts_i, 0] = next_ts
@@ -410,7 +463,7 @@ def simulate_policy_core(
                 score = eviction_scores(cache_mode, now, cand, freq, freq_t, last_used, ad_tokens, ad_load_ms, fp)
                 best = int(np.argmax(np.where(cand, score, -1.0)))
                 _start_load(best, now, cache_mode, ad_state, ad_ready, rc, qc, freq, freq_t, last_used,
-                            ad_tokens, ad_blocks, ad_load_ms, fp, mem, stats, pcie)
+                            ad_tokens, ad_blocks, ad_load_ms, fp, mem, stats, pcie, hist)
                 stats[S_SWAP_INS] += 1
             next_swap = now + fp[P_SWAP_PERIOD_S]
 
@@ -433,7 +486,7 @@ def simulate_policy_core(
             for j in range(nrun):
                 if bypass_of[running[j]] == r1:
                     held += blocks[running[j]]
-            free = _reclaimable(-1, now, ad_state, ad_ready, rc, ad_blocks, mem)
+            free = _reclaimable(-1, now, ad_state, ad_ready, rc, ad_blocks, mem, hist)
             need1 = ad_blocks[a1] + _kv_check(r1, computed, ntok, block_size, max_batched, full_prompt_admission)
             waiting_head = state[r1] == WAITING and ad_state[a1] == AD_HOST and free < need1
             if waiting_head and held > 0 and free + held >= need1:
@@ -473,7 +526,7 @@ def simulate_policy_core(
             need = (computed[r] + num_new + block_size - 1) // block_size - blocks[r]
             if need > mem[0]:
                 _make_room(need, -1, now, cache_mode, ad_state, ad_ready, rc, qc, freq, freq_t, last_used,
-                           ad_tokens, ad_blocks, ad_load_ms, fp, mem, stats, True)
+                           ad_tokens, ad_blocks, ad_load_ms, fp, mem, stats, hist, True)
             scheduled = True
             while need > mem[0]:
                 v = running[nrun - 1]
@@ -534,7 +587,7 @@ def simulate_policy_core(
                                 inline_load = True
                             else:
                                 _start_load(a, now, cache_mode, ad_state, ad_ready, rc, qc, freq, freq_t, last_used,
-                                            ad_tokens, ad_blocks, ad_load_ms, fp, mem, stats, pcie)
+                                            ad_tokens, ad_blocks, ad_load_ms, fp, mem, stats, pcie, hist)
                         if (cold == COLD_ASYNC and ad_state[a] != AD_GPU) or (cold == COLD_CPU and ad_state[a] == AD_HOST):
                             if sched_mode == SCHED_FIFO or bypassing >= 0:
                                 r = nr
@@ -553,14 +606,33 @@ def simulate_policy_core(
                                                           max_batched) * step_avg_s >= wait_s:
                             r = nr
                             continue
+                        # A later turn reuses its conversation's history KV (waiting while it swaps in).
+                        c = conv[r]
+                        took = 0
+                        if c >= 0 and history_on and history_len[r] > 0:
+                            hx.settle(c, now, hist, mem)
+                            if hist[0][c, hx.HI_STATE] == hx.H_HOST:
+                                _swap_in_history(c, a, now, cache_mode, ad_state, ad_ready, rc, qc, freq, freq_t,
+                                                 last_used, ad_tokens, ad_blocks, ad_load_ms, fp, mem, stats, pcie,
+                                                 hist)
+                            h_state = hist[0][c, hx.HI_STATE]
+                            if h_state == hx.H_LOADING:
+                                if sched_mode == SCHED_FIFO:
+                                    r = nr
+                                    continue
+                                break
+                            if h_state == hx.H_GPU and hist[0][c, hx.HI_BLOCKS] * block_size <= history_len[r]:
+                                took = hx.take(r, c, now, hist, blocks, computed, mem)
                         num_new = min(ntok[r] - computed[r], budget)
-                        need = (num_new + block_size - 1) // block_size
-                        check = (ntok[r] + block_size - 1) // block_size if full_prompt_admission else need
+                        need = (computed[r] + num_new + block_size - 1) // block_size - blocks[r]
+                        check = (ntok[r] + block_size - 1) // block_size - blocks[r] if full_prompt_admission else need
                         extra = ad_blocks[a] if inline_load else 0
                         if check + extra > mem[0]:
                             _make_room(check + extra, a, now, cache_mode, ad_state, ad_ready, rc, qc, freq, freq_t,
-                                       last_used, ad_tokens, ad_blocks, ad_load_ms, fp, mem, stats)
+                                       last_used, ad_tokens, ad_blocks, ad_load_ms, fp, mem, stats, hist)
                         if check + extra > mem[0]:
+                            if took:
+                                hx.give_back(r, c, hist, blocks, computed, mem)
                             own = ad_blocks[a] if ad_state[a] != AD_HOST else 0
                             if nrun == 0 and nsched == 0 and check + extra > pool_blocks - own:
                                 # Cannot fit even into an empty pool: the server refuses it.
@@ -568,10 +640,15 @@ def simulate_policy_core(
                                 rejected += 1
                                 n_waiting -= 1
                                 qc[a] -= 1
+                                if c >= 0 and history_on:
+                                    hist[3][c] -= 1
                                 _q_remove(r, q, q_head, q_tail, nxt, prv)
                                 r = nr
                                 continue
                             break
+                        if c >= 0 and history_on:
+                            stats[S_HISTORY_TOKENS] += history_len[r]
+                            stats[S_REUSED_TOKENS] += took
                         if inline_load:
                             ad_state[a] = AD_GPU
                             mem[0] -= ad_blocks[a]
@@ -590,7 +667,7 @@ def simulate_policy_core(
                                 borrow[r] = need_res[r]
                                 borrowed += need_res[r]
                                 leftover -= need_res[r]
-                        blocks[r] = need
+                        blocks[r] += need
                         mem[0] -= need
                         state[r] = RUNNING
                         if admit_t[r] < 0:
@@ -619,6 +696,10 @@ def simulate_policy_core(
             for a in range(na):
                 if ad_state[a] == AD_LOADING:
                     t_next = min(t_next, ad_ready[a])
+            if history_on:
+                for c in range(hist[0].shape[0]):
+                    if hist[0][c, hx.HI_STATE] == hx.H_LOADING:
+                        t_next = min(t_next, hist[1][c, hx.HF_READY])
             if t_next == np.inf:
                 break
             now = max(now, t_next)
@@ -655,6 +736,15 @@ def simulate_policy_core(
         k_bs = np.exp(-dt / fp[P_BATCH_WINDOW_S])
         bs_avg = bs_avg * k_bs + b * (1.0 - k_bs)
         step_avg_s = step_avg_s * k_bs + dt * (1.0 - k_bs)
+        stats[S_PREFILL_TOKENS] += prompt_tokens
+        if history_on:
+            hist[5][hx.HP_BS_AVG] = bs_avg
+            invalid = 0
+            for a in range(na):
+                if ad_state[a] == AD_HOST:
+                    invalid += ad_h[a, hx.AH_BLOCKS]
+            stats[S_INVALID_BLOCK_S] += invalid * dt
+            stats[S_USED_BLOCK_S] += (pool_blocks - mem[0]) * dt
 
         if trace_cap > 0:
             tr_i = trace_scheduled(trace, trace_cap, tr_i, now, sched_req, sched_tok, nsched, n_sched_running)
@@ -665,9 +755,14 @@ def simulate_policy_core(
         if n_done > 0:
             for f in range(n_done):
                 r = sched_req[done_j[f]]
-                mem[0] += blocks[r]
-                blocks[r] = 0
                 a = adapter[r]
+                c = conv[r]
+                if c >= 0 and history_on:
+                    hist[3][c] -= 1
+                    hx.keep(r, c, t_end, hist, blocks, computed, mem)
+                else:
+                    mem[0] += blocks[r]
+                    blocks[r] = 0
                 rc[a] -= 1
                 if sched_mode == SCHED_MLQ:
                     if borrow[r] > 0:
@@ -677,7 +772,7 @@ def simulate_policy_core(
                     bypass_of[r] = -1
                 if rc[a] == 0:
                     n_distinct -= 1
-                    if cache_mode == CACHE_DISCARD and qc[a] == 0 and ad_blocks[a] > 0:
+                    if cache_mode == CACHE_DISCARD and qc[a] == 0 and ad_blocks[a] > 0 and ad_h[a, hx.AH_ENTRIES] == 0:
                         ad_state[a] = AD_HOST  # S-LoRA: an adapter no request uses leaves the GPU
                         mem[0] += ad_blocks[a]
                         mem[1] -= 1

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from twin.errors import ProfileError
 from twin.policies import engine
+from twin.policies.history import history_state
 from twin.policies.spec import PolicySpec
 
 
@@ -25,13 +27,14 @@ def run_policy(spec: PolicySpec, workload, profile, requests, arrival, load_ms, 
         s = spec.output_prediction_sigma
         noise = np.random.default_rng([seed, 1]).lognormal(-s * s / 2, s, len(requests))
         out_pred = np.maximum(1, np.rint(out_pred * noise)).astype(np.int32)
+    hist, conv, history_len = _history(spec, profile, requests, len(ranks))
     (*out, stats) = engine.simulate_policy_core(
-        arrival, requests.adapter, requests.input_tokens, requests.output_tokens, out_pred,
+        arrival, requests.adapter, requests.input_tokens, requests.output_tokens, out_pred, conv, history_len,
         ad_tokens, ad_blocks, load_ms, cpu_ms_per_token.astype(np.float64),
         float(config.duration_s), int(config.a_max), int(pool_blocks), int(eng.block_size),
         int(eng.max_num_batched_tokens), int(eng.max_num_seqs), eng.admission_rule == "full_prompt",
         lat, sched, spec.int_params(), spec.float_params(),
-        int(config.max_in_flight), float(config.timeseries_dt_s), int(config.trace_events),
+        int(config.max_in_flight), float(config.timeseries_dt_s), int(config.trace_events), hist,
     )
     hits, misses = stats[engine.S_HITS], stats[engine.S_MISSES]
     policy_stats = {
@@ -44,5 +47,39 @@ def run_policy(spec: PolicySpec, workload, profile, requests, arrival, load_ms, 
         "queue_refreshes": int(stats[engine.S_REFRESHES]),
         "bypasses": int(stats[engine.S_BYPASSES]),  # admissions past a head waiting for adapter memory
         "squashed": int(stats[engine.S_SQUASHED]),  # bypassers restarted when the head's memory came
+        "prefill_tokens": int(stats[engine.S_PREFILL_TOKENS]),  # prompt tokens computed (history reuse saves them)
     }
+    if hist[4][0]:
+        history, used = stats[engine.S_HISTORY_TOKENS], stats[engine.S_USED_BLOCK_S]
+        policy_stats.update({
+            "history_reused": float(stats[engine.S_REUSED_TOKENS] / history) if history else float("nan"),
+            "history_evictions": int(stats[engine.S_KV_EVICTIONS]),
+            "history_swap_ins": int(stats[engine.S_KV_SWAP_INS]),
+            # time-averaged share of used pool blocks holding history of an adapter not on the GPU
+            "invalid_kv_share": float(stats[engine.S_INVALID_BLOCK_S] / used) if used else 0.0,
+        })
     return tuple(out), int(pool_tokens), policy_stats
+
+
+def _history(spec: PolicySpec, profile, requests, n_adapters: int):
+    """The history-KV state (``twin.policies.history``) and per-request conversation arrays."""
+    n = len(requests)
+    if requests.conversation is None:
+        conv, history_len = np.full(n, -1, np.int64), np.zeros(n, np.int32)
+    else:
+        conv, history_len = requests.conversation, requests.history_tokens
+    nc = requests.conversations
+    conv_adapter = np.zeros(nc, np.int64)
+    turns = conv >= 0
+    conv_adapter[conv[turns]] = requests.adapter[turns]
+    on = spec.prefix_cache and nc > 0
+    swap_ms = 0.0
+    if on and spec.host_kv:
+        kv_bytes = profile.kv_bytes_per_token
+        if kv_bytes is None:
+            raise ProfileError(f"profile {profile.profile_id} gives no KV bytes per token (engine.kv_cache_bytes "
+                               "or the model's layers/KV heads/head_dim), which swapping history KV needs")
+        swap_ms = profile.policy_terms.swap_ms(kv_bytes)
+    hist = history_state(conv_adapter, on, spec.host_kv, spec.dependency, profile.engine.block_size, swap_ms,
+                         n_adapters)
+    return hist, conv, history_len

@@ -12,13 +12,14 @@ vllm       a_max LRU slots        vLLM FIFO   inline      stock vLLM V1 (``twin.
 slora      discard after use      FIFO        async       S-LoRA, the baseline of Chameleon/Toppings
 chameleon  F/R/S score            MLQ+quotas  async       Chameleon (MICRO '25) §4-5
 toppings   discard after use      FIFO        cpu         Toppings (ATC '25) §4.1
-elora      ELORA retention value  FIFO        async       ELORA §4, with its periodic swapper
+elora      ELORA retention value  FIFO        async       ELORA §4, with its periodic swapper and
+                                                         history KV (prefix cache, host tier, dependency)
 =========  =====================  ==========  ==========  ============================================
 
 Toppings' rank-aware routing (its Algorithm 1) picks a server per request among several; a twin of
 one server has nothing to route, so it is not modelled here: the planner's packer decides which
-adapters share a GPU. ELORA's history-KV (prefix) reuse needs multi-turn workloads, which the twin
-does not draw; only running KV shares its pool, so its dependency rule reduces to "a LoRA with
+adapters share a GPU. ELORA's history-KV reuse acts on multi-turn workloads
+(``twin.workload.Conversations``); on single-turn ones its dependency rule reduces to "a LoRA with
 running requests is never evicted" (every policy here obeys it).
 """
 
@@ -72,6 +73,12 @@ class PolicySpec:
     batch_window_s: float = 5.0
     # Toppings: per-layer GPU<->CPU synchronisation cost of a CPU-assisted step (§4.2: "< 1 ms").
     cpu_sync_ms: float = 1.0
+    # History KV of multi-turn conversations (``twin.policies.history``): kept for the next turn
+    # (prefix caching), swapped to host memory instead of dropped, and never outliving its adapter
+    # on the GPU (ELORA's dependency tree). All three are ELORA's; S-LoRA reuses no history.
+    prefix_cache: bool = False
+    host_kv: bool = False
+    dependency: bool = False
 
     def __post_init__(self):
         for name, table in (("cache", _CACHE), ("scheduler", _SCHED), ("cold_start", _COLD)):
@@ -115,7 +122,7 @@ PRESETS = {
     "slora": PolicySpec("slora"),
     "chameleon": PolicySpec("chameleon", cache="chameleon", scheduler="mlq"),
     "toppings": PolicySpec("toppings", cold_start="cpu"),
-    "elora": PolicySpec("elora", cache="elora"),
+    "elora": PolicySpec("elora", cache="elora", prefix_cache=True, host_kv=True, dependency=True),
 }
 POLICY_NAMES = (STOCK, *PRESETS)
 
