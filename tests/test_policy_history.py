@@ -106,3 +106,35 @@ def test_slora_reuses_no_history_and_stock_vllm_recomputes_it(prof):
     stock = simulate(TWO, prof, SimConfig(a_max=4, duration_s=100), req)
     assert "history_reused" not in slora.policy_stats and slora.policy_stats["prefill_tokens"] == 40 + 69
     assert stock.finished_requests == slora.finished_requests == 2
+
+
+def test_an_adapter_whose_history_was_reused_can_still_be_evicted(prof):
+    # a's two turns leave 4 blocks of history; b's 4500-token prompt (282 blocks) then needs a's
+    # history and a itself to go (10 + 10 + 282 + 4 > 299 blocks).
+    req = conversation([0.0, 5.0, 10.0], [0, 0, 1], [40, 69, 4500], [9, 5, 2], [0, 0, -1], [0, 49, 0])
+    res = run(prof, req)
+    assert res.finished_requests == 3 and res.rejected_requests == 0
+    assert res.policy_stats["history_evictions"] == 1 and res.policy_stats["evictions"] == 1
+
+
+def test_a_request_over_max_model_len_is_refused_without_cutting_the_run_short(make_profile):
+    short = make_profile(step_latency_ms=STEP_10MS, **{"engine.max_model_len": 100, "engine.kv_cache_bytes": 4_800_000})
+    req = conversation([0.0, 1.0, 2.0], [0, 0, 0], [40, 200, 40], [9, 5, 9], [0, 0, 1], [0, 49, 0])
+    for policy in (None, policy_from_name("elora")):
+        res = simulate(TWO, short, SimConfig(a_max=4, duration_s=100, policy=policy), req)
+        assert res.finished_requests == 2 and res.rejected_requests == 1
+
+
+@pytest.mark.parametrize("params", [{}, {"dependency": False}, {"cache": "lru"}, {"host_kv": False}])
+def test_busy_multi_turn_runs_finish_and_reuse_history(make_profile, params):
+    """Short think times and a small pool: turns overlap, history and adapters are evicted, swapped
+    back, and land in every order (a loop waiting on a copy that already landed would never end)."""
+    small = make_profile(step_latency_ms={"k4_ms_per_request": 0.5, "k5_ms": 5.0}, **{"engine.kv_cache_bytes": 4_800_000},
+                         adapter_load_ms={"by_max_lora_rank": {"8": {"8": 20.0}, "16": {"16": 20.0}}},
+                         policy_terms={"adapter_kv_tokens": {"8": 480}, "host_link_gb_s": 0.05})
+    wl = Workload(tuple(Adapter(f"a{i}", 8, 0.8, 60, 20) for i in range(6)))
+    cfg = SimConfig(a_max=4, duration_s=140, policy=policy_from_name("elora", **params),
+                    conversations=Conversations(turns=4, think_s=3))
+    res = simulate(wl, small, cfg)
+    assert res.finished_requests > 0.8 * res.arrived_requests
+    assert 0 < res.policy_stats["history_reused"] <= 1

@@ -142,26 +142,27 @@ def simulate(
     lat = np.array(profile.step_latency.for_server(config.a_max, rank).as_array())
     so = profile.scheduler_overhead
     sched = np.array([so.k1_us, so.k2_us, so.k3_us, so.intercept_us, float(n_ad)])
-    # Requests longer than max_model_len are refused by the server (HTTP 400).
+    # Requests longer than max_model_len are refused by the server (HTTP 400): the engine never sees them.
     too_long = (requests.input_tokens.astype(np.int64) + requests.output_tokens) > eng.max_model_len
-    arrival = np.where(too_long, np.inf, requests.arrival_s) if too_long.any() else requests.arrival_s
+    served = requests.subset(~too_long) if too_long.any() else requests
+    arrival = served.arrival_s
     if profile.step_latency.arrival_delay:
         arrival = arrival + profile.step_latency.arrival_delay / 1000.0  # the engine sees a request this late
     if config.policy is not None:
         from twin.policies.run import run_policy
 
-        out, kv_tokens, stats = run_policy(config.policy, workload, profile, requests, arrival, load_ms, lat, sched,
+        out, kv_tokens, stats = run_policy(config.policy, workload, profile, served, arrival, load_ms, lat, sched,
                                            config, config.seed)
-        res = _summarise(profile, config, rank, kv_tokens, n_ad, requests, *out, int(too_long.sum()),
-                         time.perf_counter() - t0, drawn)
+        res = _summarise(profile, config, rank, kv_tokens, n_ad, requests, *_restore(out, too_long),
+                         int(too_long.sum()), time.perf_counter() - t0, drawn)
         res.policy, res.policy_stats = config.policy.name, stats
         return res
     usable_blocks = kv_tokens // eng.block_size - 1  # vLLM keeps one null block
-    adapter = np.ascontiguousarray(requests.adapter, np.int64)
+    adapter = np.ascontiguousarray(served.adapter, np.int64)
     ad_start, ad_order = core.group_by(adapter, n_ad)
-    (state, first_tok, finish, itl_hist, counters, busy_s, ts, trace) = core.simulate_core(
+    out = core.simulate_core(
         # Unsigned adapter ids spare numba's negative-index checks (see core.simulate_core).
-        arrival, adapter.view(np.uint64), requests.input_tokens, requests.output_tokens,
+        arrival, adapter.view(np.uint64), served.input_tokens, served.output_tokens,
         ad_start, ad_order, load_ms,
         float(config.duration_s), int(config.a_max), int(usable_blocks), int(eng.block_size),
         int(eng.max_num_batched_tokens), int(eng.max_num_seqs),
@@ -169,8 +170,25 @@ def simulate(
         int(config.max_in_flight), float(config.timeseries_dt_s), int(config.trace_events),
     )
     wall = time.perf_counter() - t0
-    return _summarise(profile, config, rank, kv_tokens, n_ad, requests, state, first_tok, finish,
-                      itl_hist, counters, busy_s, ts, trace, int(too_long.sum()), wall, drawn)
+    return _summarise(profile, config, rank, kv_tokens, n_ad, requests, *_restore(out, too_long), int(too_long.sum()),
+                      wall, drawn)
+
+
+def _restore(out: tuple, refused: np.ndarray) -> tuple:
+    """An engine's outputs over the requests it saw, back in terms of all requests (``refused`` ones
+    never ran: rejected, no token times; trace rows renumbered)."""
+    if not refused.any():
+        return out
+    state, first_tok, finish, *rest = out
+    seen = np.flatnonzero(~refused)
+    full_state = np.full(refused.shape[0], core.REJECTED, state.dtype)
+    full_first, full_finish = np.full(refused.shape[0], -1.0), np.full(refused.shape[0], -1.0)
+    full_state[seen], full_first[seen], full_finish[seen] = state, first_tok, finish
+    trace = rest[-1]
+    if trace.shape[0]:
+        trace = trace.copy()
+        trace[:, 1] = seen[trace[:, 1].astype(np.int64)]
+    return (full_state, full_first, full_finish, *rest[:-1], trace)
 
 
 def _percentile_from_hist(hist: np.ndarray, q: float) -> float:

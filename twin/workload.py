@@ -62,6 +62,12 @@ class Requests:
     def __len__(self) -> int:
         return int(self.arrival_s.shape[0])
 
+    def subset(self, keep: np.ndarray) -> Requests:
+        """The requests where ``keep`` is true, in the same order."""
+        return Requests(self.arrival_s[keep], self.adapter[keep], self.input_tokens[keep], self.output_tokens[keep],
+                        None if self.conversation is None else self.conversation[keep],
+                        None if self.history_tokens is None else self.history_tokens[keep])
+
     @property
     def conversations(self) -> int:
         """How many conversations the requests belong to (0 when every request is single-turn)."""
@@ -171,7 +177,7 @@ class Conversations:
     stays the adapter's request (turn) rate. Each has a geometric number of turns with mean ``turns``
     (>= 1) and exponential gaps with mean ``think_s`` between one turn's arrival and the next
     (Choice: arrivals are open-loop, so a turn may arrive before the previous reply is done; it then
-    finds no history to reuse). A turn's prompt is the whole conversation so far (every earlier
+    reuses at most the history of an earlier turn). A turn's prompt is the whole conversation so far (every earlier
     prompt and reply) plus new tokens drawn around the adapter's mean input length; turns past the
     run's duration are dropped. LMSYS-Chat-1M averages 2.0 turns per conversation.
     """

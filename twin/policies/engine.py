@@ -397,9 +397,6 @@ def simulate_policy_core(
             c = conv[r]
             if c >= 0 and history_on:
                 hx.visit(c, now, hist, fw)
-                if ip[I_PREFETCH] and hist[0][c, hx.HI_STATE] == hx.H_HOST:
-                    _swap_in_history(c, a, now, cache_mode, ad_state, ad_ready, rc, qc, freq, freq_t, last_used,
-                                     ad_tokens, ad_blocks, ad_load_ms, fp, mem, stats, pcie, hist)
             if sched_mode == SCHED_MLQ:
                 max_in_seen = max(max_in_seen, float(in_len[r]))
                 max_out_seen = max(max_out_seen, float(out_pred[r]))
@@ -411,6 +408,12 @@ def simulate_policy_core(
             if ip[I_PREFETCH] and cold != COLD_INLINE and ad_state[a] == AD_HOST:
                 _start_load(a, now, cache_mode, ad_state, ad_ready, rc, qc, freq, freq_t, last_used, ad_tokens,
                             ad_blocks, ad_load_ms, fp, mem, stats, pcie, hist)
+            # Host history comes back behind its adapter, never without it (ELORA swaps in only
+            # subtrees whose parent is on the GPU).
+            if (c >= 0 and history_on and ip[I_PREFETCH] and hist[0][c, hx.HI_STATE] == hx.H_HOST
+                    and ad_state[a] != AD_HOST):
+                _swap_in_history(c, a, now, cache_mode, ad_state, ad_ready, rc, qc, freq, freq_t, last_used,
+                                 ad_tokens, ad_blocks, ad_load_ms, fp, mem, stats, pcie, hist)
 
         while ts_dt > 0 and next_ts <= now and ts_i < n_ts:
             ts[ts_i, 0] = next_ts
@@ -611,7 +614,7 @@ def simulate_policy_core(
                         took = 0
                         if c >= 0 and history_on and history_len[r] > 0:
                             hx.settle(c, now, hist, mem)
-                            if hist[0][c, hx.HI_STATE] == hx.H_HOST:
+                            if hist[0][c, hx.HI_STATE] == hx.H_HOST and ad_state[a] != AD_HOST:
                                 _swap_in_history(c, a, now, cache_mode, ad_state, ad_ready, rc, qc, freq, freq_t,
                                                  last_used, ad_tokens, ad_blocks, ad_load_ms, fp, mem, stats, pcie,
                                                  hist)
@@ -632,7 +635,7 @@ def simulate_policy_core(
                                        last_used, ad_tokens, ad_blocks, ad_load_ms, fp, mem, stats, hist)
                         if check + extra > mem[0]:
                             if took:
-                                hx.give_back(r, c, hist, blocks, computed, mem)
+                                check += hx.give_back(r, c, hist, blocks, computed, mem)
                             own = ad_blocks[a] if ad_state[a] != AD_HOST else 0
                             if nrun == 0 and nsched == 0 and check + extra > pool_blocks - own:
                                 # Cannot fit even into an empty pool: the server refuses it.
@@ -646,7 +649,7 @@ def simulate_policy_core(
                                 r = nr
                                 continue
                             break
-                        if c >= 0 and history_on:
+                        if c >= 0 and history_on and admit_t[r] < 0:  # counted once, not per readmission
                             stats[S_HISTORY_TOKENS] += history_len[r]
                             stats[S_REUSED_TOKENS] += took
                         if inline_load:
@@ -698,6 +701,7 @@ def simulate_policy_core(
                     t_next = min(t_next, ad_ready[a])
             if history_on:
                 for c in range(hist[0].shape[0]):
+                    hx.settle(c, now, hist, mem)
                     if hist[0][c, hx.HI_STATE] == hx.H_LOADING:
                         t_next = min(t_next, hist[1][c, hx.HF_READY])
             if t_next == np.inf:

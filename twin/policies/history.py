@@ -14,7 +14,7 @@ evicted like an idle adapter when memory is needed (``twin.policies.engine._make
   history may outlive its adapter on the GPU ("invalid KV", which ELORA measures at 42.4 % in vLLM).
 * Victims: ELORA scores history like an adapter (eq. 5: swap-in cost x visit share x recency) and
   compares both kinds; LRU compares last-use times of both; the other caches evict history first, in
-  LRU order, before any adapter.
+  LRU order, before any adapter of the same tier (what no unfinished request wants goes first).
 
 Choices: a conversation's history is one node (ELORA splits it into 16 MB blocks; evicting a whole
 conversation at once is coarser), a preempted request's KV is freed rather than cached, and the
@@ -112,6 +112,7 @@ def take(r, c, now, hist, blocks, computed, mem):
     b = hi[c, HI_BLOCKS]
     mem[2] -= b
     ad_h[hi[c, HI_ADAPTER], AH_BLOCKS] -= b
+    ad_h[hi[c, HI_ADAPTER], AH_ENTRIES] -= 1
     hi[c, HI_STATE] = H_NONE
     hi[c, HI_BLOCKS] = 0
     hist[1][c, HF_LAST] = now
@@ -122,23 +123,27 @@ def take(r, c, now, hist, blocks, computed, mem):
 
 @nb.njit(cache=True)
 def give_back(r, c, hist, blocks, computed, mem):
-    """Undo :func:`take` (the turn could not be admitted after all)."""
+    """Undo :func:`take` (the turn could not be admitted after all); returns the blocks given back."""
     hi, ad_h = hist[0], hist[2]
     b = blocks[r]
     mem[2] += b
     ad_h[hi[c, HI_ADAPTER], AH_BLOCKS] += b
+    ad_h[hi[c, HI_ADAPTER], AH_ENTRIES] += 1
     hi[c, HI_STATE] = H_GPU
     hi[c, HI_BLOCKS] = b
     blocks[r] = 0
     computed[r] = 0
+    return b
 
 
 @nb.njit(cache=True)
 def keep(r, c, now, hist, blocks, computed, mem):
-    """A finished turn leaves its full blocks as the conversation's history (replacing older history,
-    which a newer turn supersedes); the partial last block is freed (added to ``mem[0]``)."""
+    """A finished turn leaves its full blocks as the conversation's history (replacing whatever history
+    the conversation had; with open-loop arrivals that may be a later turn's); the partial last block
+    is freed (added to ``mem[0]``)."""
     hi, ad_h = hist[0], hist[2]
     a = hi[c, HI_ADAPTER]
+    settle(c, now, hist, mem)
     if hi[c, HI_STATE] == H_GPU:
         evict(c, hist, mem)
     if hi[c, HI_STATE] != H_LOADING:  # a swap-in in flight keeps its blocks until it lands

@@ -40,7 +40,8 @@ def eviction_scores(mode, now, cand, freq, freq_t, last_used, size_tokens, load_
     * ELORA (§3.3, eq. 5): ``cost * visit * (1 - sigmoid(t / tau))`` with cost = the adapter's
       transfer time, visit = its share of recent uses, t = time since last use. Eq. 4's factor
       ``min(1, Now_LoRA / Low_lora)`` is the same for every LoRA candidate, so it cannot change
-      which LoRA goes first; it decides only how many LoRAs the swapper keeps (see ``low_lora``).
+      which LoRA goes first; it decides how many LoRAs the swapper keeps (see ``low_lora``) and, in
+      ``engine._make_room``, weighs a LoRA against history KV.
     """
     na = cand.shape[0]
     out = np.full(na, np.inf)
