@@ -129,6 +129,11 @@ def _make_room(need, protect, now, mode, ad_state, ad_ready, rc, qc, freq, freq_
         return False
     depend = hist[4][hx.HC_DEPEND]
     ad_h = hist[2]
+    ftot, low = 0.0, 0.0  # ELORA's terms for weighing history against adapters (fixed during one call)
+    if mode == CACHE_ELORA and hist[4][hx.HC_ON]:
+        for a in range(na):
+            ftot += decayed(freq[a], freq_t[a], now, fp[P_FREQ_WINDOW_S])
+        low = low_lora(freq, freq_t, now, fp[P_BATCH_WINDOW_S], hist[5][hx.HP_BS_AVG])
     cand = np.zeros(na, np.bool_)
     for tier in range(3):
         while mem[0] < need:
@@ -146,15 +151,10 @@ def _make_room(need, protect, now, mode, ad_state, ad_ready, rc, qc, freq, freq_
                 v_score = score[v]
             c, c_score = -1, np.inf
             if mem[2] > 0:
-                ftot = 0.0
-                if mode == CACHE_ELORA:
-                    for a in range(na):
-                        ftot += decayed(freq[a], freq_t[a], now, fp[P_FREQ_WINDOW_S])
-                    # Eq. 4 (Choice, the notes' ambiguity b): a LoRA's keep-value grows as evicting it
-                    # would leave fewer than Low_lora LoRAs; history leaves keep theirs.
-                    low = low_lora(freq, freq_t, now, fp[P_BATCH_WINDOW_S], hist[5][hx.HP_BS_AVG])
-                    if v >= 0 and mem[1] - 1 < low:
-                        v_score *= min(1e6, low / max(mem[1] - 1, 1e-6))
+                # Eq. 4 (Choice, the notes' ambiguity b): a LoRA's keep-value grows as evicting it
+                # would leave fewer than Low_lora LoRAs; history leaves keep theirs.
+                if mode == CACHE_ELORA and v >= 0 and mem[1] - 1 < low:
+                    v_score *= min(1e6, low / max(mem[1] - 1, 1e-6))
                 c, c_score = hx.best_victim(tier, now, mode == CACHE_ELORA, hist, mem, fp, ftot)
             if v < 0 and c < 0:
                 break

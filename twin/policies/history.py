@@ -22,8 +22,9 @@ swapper prefetches only adapters (history comes back when its next turn arrives)
 
 State is kept in a few arrays bundled as the tuple ``hist`` = ``(hi, hf, ad_h, cq, hc, hp)``:
 ``hi[c]`` = state, blocks, adapter; ``hf[c]`` = last use, visit count, its stamp, swap-in ready
-time; ``ad_h[a]`` = history entries on (or coming to) the GPU, the idle ones' blocks, those coming; ``cq[c]`` = waiting
-turns; ``hc`` = on, host tier, dependency, block size; ``hp`` = swap ms per token, recent batch size.
+time; ``ad_h[a]`` = history entries on (or coming to) the GPU, the idle ones' blocks, those coming;
+``cq[c]`` = unfinished turns; ``hc`` = on, host tier, dependency, block size; ``hp`` = swap ms per
+token, recent batch size.
 The pool's third counter ``mem[2]`` is the blocks held by idle GPU history.
 """
 
@@ -166,10 +167,9 @@ def keep(r, c, now, hist, blocks, computed, mem):
 @nb.njit(cache=True)
 def best_victim(tier, now, mode_elora, hist, mem, fp, ftot):
     """The idle GPU history to evict first in ``tier`` (0: no unfinished turn wants it, 1: one does,
-    2: any) and
-    its keep-value (lower goes first): ELORA's eq. 5 (``ftot``: all adapters' decayed visits), LRU's last use, or
-    for the other caches last use too (they evict history before adapters). Ties (ELORA's recency
-    term underflows for long-idle history) go to the least recently used. -1 if none."""
+    2: any) and its keep-value (lower goes first): ELORA's eq. 5 (``ftot``: all adapters' decayed
+    visits), else its last use. Ties (ELORA's recency term underflows for long-idle history) go to
+    the least recently used. -1 if none."""
     hi, hf, cq, hp = hist[0], hist[1], hist[3], hist[5]
     best, best_v, best_t = -1, np.inf, np.inf
     if mem[2] == 0:

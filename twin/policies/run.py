@@ -6,7 +6,7 @@ import numpy as np
 
 from twin.errors import ProfileError
 from twin.policies import engine
-from twin.policies.history import history_state
+from twin.policies.history import HC_ON, history_state
 from twin.policies.spec import PolicySpec
 
 
@@ -49,7 +49,7 @@ def run_policy(spec: PolicySpec, workload, profile, requests, arrival, load_ms, 
         "squashed": int(stats[engine.S_SQUASHED]),  # bypassers restarted when the head's memory came
         "prefill_tokens": int(stats[engine.S_PREFILL_TOKENS]),  # prompt tokens computed (history reuse saves them)
     }
-    if hist[4][0]:
+    if hist[4][HC_ON]:
         history, used = stats[engine.S_HISTORY_TOKENS], stats[engine.S_USED_BLOCK_S]
         policy_stats.update({
             "history_reused": float(stats[engine.S_REUSED_TOKENS] / history) if history else float("nan"),
