@@ -22,6 +22,7 @@ from twin import core
 from twin.errors import InfeasibleError, ProfileError, WorkloadError
 from twin.policies.memory import kv_capacity
 from twin.profile import Profile
+from twin.states import FINISHED, REJECTED
 from twin.workload import Conversations, LengthModel, PoissonArrivals, Requests, Workload, draw_requests
 
 STARVATION_THRESHOLD = 0.9
@@ -181,7 +182,7 @@ def _restore(out: tuple, refused: np.ndarray) -> tuple:
         return out
     state, first_tok, finish, *rest = out
     seen = np.flatnonzero(~refused)
-    full_state = np.full(refused.shape[0], core.REJECTED, state.dtype)
+    full_state = np.full(refused.shape[0], REJECTED, state.dtype)
     full_first, full_finish = np.full(refused.shape[0], -1.0), np.full(refused.shape[0], -1.0)
     full_state[seen], full_first[seen], full_finish[seen] = state, first_tok, finish
     trace = rest[-1]
@@ -206,7 +207,7 @@ def _summarise(profile, config, rank, kv_tokens, n_ad, req, state, first_tok, fi
     t_lo, t_hi = config.warmup_s, config.duration_s
     window = t_hi - t_lo
     arrived = (req.arrival_s >= t_lo) & (req.arrival_s < t_hi)
-    done = (state == core.FINISHED) & (finish <= t_hi) & (finish >= t_lo)
+    done = (state == FINISHED) & (finish <= t_hi) & (finish >= t_lo)
     in_tok = req.input_tokens.astype(np.float64)
     out_tok = req.output_tokens.astype(np.float64)
     in_thr = in_tok[done].sum() / window

@@ -45,10 +45,6 @@ import numpy as np
 
 from twin.core import (
     EV_PREEMPTED,
-    FINISHED,
-    REJECTED,
-    RUNNING,
-    WAITING,
     apply_step_output,
     batch_shape,
     drop_finished,
@@ -80,6 +76,7 @@ from twin.policies.rules import (
     mlq_quotas,
     queue_of,
 )
+from twin.states import FINISHED, REJECTED, RUNNING, WAITING
 
 SCHED_FIFO, SCHED_MLQ = 0, 1
 COLD_INLINE, COLD_ASYNC, COLD_CPU = 0, 1, 2

@@ -1,0 +1,126 @@
+"""Steady decoders held implicitly, so that an engine step costs O(events), not O(batch).
+
+Most running requests in most steps are *steady decoders*: they sampled a token in the previous step
+and compute exactly that token in this one. When every running request is scheduled in full and every
+block request is granted (the step's token demand fits the budget and its block demand fits the free
+blocks), such a request's step is fully determined: ``computed`` and the token count grow by one, it
+needs a new KV block exactly when ``computed`` is a multiple of the block size, its inter-token gap is
+the step's length, and it finishes at a step known from the start. :func:`twin.core.simulate_core`
+then keeps each steady request as ``(computed at the step counter g0)`` and advances all of them at
+once (a *fast step*):
+
+* block demand: ``cnt[G % block_size]`` steady requests need one block at fast step ``G`` (each is
+  counted under ``(g0 - computed) % block_size``);
+* finishes: a min-heap of fast-step numbers (:func:`heap_push`, :func:`heap_pop`);
+* ITL: all steady requests add one gap of the step's length.
+
+A step where that does not hold runs the explicit scheduler after :func:`materialize` writes the
+per-request state back; results are identical to stepping every request (checked by
+tests/test_twin_steady_decode.py against the explicit loop alone).
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from twin.states import RUNNING
+
+
+@nb.njit(cache=True)
+def heap_push(hk, hr, size, key, r):
+    """Push (``key``, ``r``) on the min-heap ``hk``/``hr`` of ``size`` entries; returns the (possibly grown)
+    arrays and the new size."""
+    if size == hk.shape[0]:
+        bigger_k = np.empty(2 * size, np.int64)
+        bigger_r = np.empty(2 * size, np.int64)
+        bigger_k[:size] = hk
+        bigger_r[:size] = hr
+        hk, hr = bigger_k, bigger_r
+    i = size
+    while i > 0:
+        p = (i - 1) >> 1
+        if hk[p] <= key:
+            break
+        hk[i] = hk[p]
+        hr[i] = hr[p]
+        i = p
+    hk[i] = key
+    hr[i] = r
+    return hk, hr, size + 1
+
+
+@nb.njit(cache=True)
+def heap_pop(hk, hr, size):
+    """Remove the smallest entry of the min-heap; returns the new size."""
+    size -= 1
+    if size == 0:
+        return 0
+    key, r = hk[size], hr[size]
+    i = 0
+    while True:
+        c = 2 * i + 1
+        if c >= size:
+            break
+        if c + 1 < size and hk[c + 1] < hk[c]:
+            c += 1
+        if key <= hk[c]:
+            break
+        hk[i] = hk[c]
+        hr[i] = hr[c]
+        i = c
+    hk[i] = key
+    hr[i] = r
+    return size
+
+
+@nb.njit(cache=True, inline="always")
+def block_phase(g0, computed, block_size):
+    """The ``cnt`` bucket of a steady request: it needs a block at fast steps ``G`` with ``G % block_size`` equal to this."""
+    return (g0 - computed) % block_size
+
+
+@nb.njit(cache=True)
+def make_steady(r, g, computed, done_at, steady, g0, cnt, block_size, hk, hr, hsize):
+    """Hold request ``r`` implicitly from fast step ``g`` on (it sampled in the step just ended); returns the heap."""
+    steady[r] = True
+    g0[r] = g
+    cnt[block_phase(g, computed[r], block_size)] += 1
+    # After m fast steps its token count is computed + 1 + m; it finishes in the step that reaches done_at.
+    return heap_push(hk, hr, hsize, g + done_at[r] - 2 - computed[r], r)
+
+
+@nb.njit(cache=True)
+def materialize(running, rlen, state, steady, g0, g, computed, ntok, blocks, last_tok, now, block_size, adapter,
+                last_used, mark_used, step):
+    """Write every steady request's state back and compact the running list (finished requests leave it, order
+    kept); returns its length. With ``mark_used`` (a fast step ran since the requests were made steady), every
+    running adapter was in the previous step's batch: its LRU stamp becomes ``step - 1``."""
+    k = 0
+    for q in range(rlen):
+        r = running[q]
+        if state[r] != RUNNING:
+            continue
+        if steady[r]:
+            steady[r] = False
+            computed[r] += g - g0[r]
+            ntok[r] = computed[r] + 1
+            blocks[r] = (computed[r] + block_size - 1) // block_size
+            last_tok[r] = now
+        if mark_used:
+            last_used[adapter[r]] = step - 1
+        running[k] = r
+        k += 1
+    return k
+
+
+@nb.njit(cache=True)
+def compact_running(running, rlen, state):
+    """Drop finished requests from the running list (order kept); returns its length."""
+    k = 0
+    for q in range(rlen):
+        r = running[q]
+        if state[r] == RUNNING:
+            running[k] = r
+            k += 1
+    return k
