@@ -45,43 +45,47 @@ def plan_greedy(req: PackRequest, split_hot: bool = True, balance: bool = True,
     _check_servable(req, queue)
     limit = req.max_gpus if max_gpus is None else max_gpus
     search = PrefixSearch(req, queue)
-    groups = _fill(search, None, limit, split_hot)
-    if balance and len(groups) > 1:
-        groups = _balanced(search, groups)
-    return groups
+    spans = _fill(search, None, limit, split_hot)
+    if balance and len(spans) > 1:
+        spans = _balanced(search, spans)
+    return [GpuGroup(shares_of(queue[pos:pos + k]), a_max) for pos, k, a_max in spans]
 
 
 def _check_servable(req: PackRequest, queue: list[Entry]) -> None:
-    startable = {r: a_max_limit(req.kv, [r]) >= 1 for r in set(req.ranks.tolist())}
-    bad = [i for i, _ in queue if not startable[int(req.ranks[i])]]
+    unstartable = [r for r in set(req.ranks.tolist()) if a_max_limit(req.kv, [r]) < 1]
+    idx = np.array([i for i, _ in queue], np.int64)
+    bad = idx[np.isin(req.ranks[idx], unstartable)].tolist()
     if bad:
         ids = ", ".join(req.adapter_id(i) for i in bad[:8])
         raise InfeasibleError(f"memory error: profile {req.profile.profile_id} starts no engine with "
                               f"--max-lora-rank {int(req.ranks[bad[0]])} (adapters {ids})")
 
 
-def _fill(search: PrefixSearch, load_cap: float | None, max_gpus: int, split_hot: bool) -> list[GpuGroup]:
+Span = tuple[int, int, int]  # a GPU's queue entries queue[pos:pos+k] and its A_max
+
+
+def _fill(search: PrefixSearch, load_cap: float | None, max_gpus: int, split_hot: bool) -> list[Span]:
     """Fill GPUs one after another with the largest feasible prefix of the search's queue.
 
-    The queue is modified in place when a hot adapter at its head is split into replicas.
+    The queue is modified in place when a hot adapter at its head is split into replicas (only past
+    the spans already filled, so they stay valid).
     """
     req, queue = search.req, search.queue
-    groups: list[GpuGroup] = []
+    spans: list[Span] = []
     pos = 0
     while pos < len(queue):
-        if len(groups) == max_gpus:
-            raise not_enough_gpus(req, sorted({i for i, _ in queue[pos:]}), len(groups))
+        if len(spans) == max_gpus:
+            raise not_enough_gpus(req, sorted({i for i, _ in queue[pos:]}), len(spans))
         k, a_max = _largest_prefix(search, pos, load_cap)
         if k == 0:
             if load_cap is not None:  # the cap is below this adapter's own load: the cap is too low
-                raise not_enough_gpus(req, sorted({i for i, _ in queue[pos:]}), len(groups))
+                raise not_enough_gpus(req, sorted({i for i, _ in queue[pos:]}), len(spans))
             _split_head(req, queue, pos, split_hot)
             search.reset()
             continue
-        group = GpuGroup(shares_of(queue[pos:pos + k]), a_max)
-        groups.append(group)
+        spans.append((pos, k, a_max))
         pos += k
-    return groups
+    return spans
 
 
 def _largest_prefix(search: PrefixSearch, pos: int, load_cap: float | None) -> tuple[int, int]:
@@ -117,12 +121,12 @@ def _split_head(req: PackRequest, queue: list[Entry], pos: int, split_hot: bool)
     queue[pos:pos + 1] = [(i, share / n)] * n
 
 
-def _balanced(search: PrefixSearch, fill: list[GpuGroup]) -> list[GpuGroup]:
+def _balanced(search: PrefixSearch, fill: list[Span]) -> list[Span]:
     """Rerun the fill with the smallest per-GPU load cap that still fits in as many GPUs (the queue is
     not changed: a capped fill splits no adapter, so the search's answers stay valid)."""
-    req, n_gpus = search.req, len(fill)
+    req, queue, n_gpus = search.req, search.queue, len(fill)
     per_adapter = req.arriving_tok_s
-    loads = [sum(per_adapter[i] * s for i, s in g.shares.items()) for g in fill]
+    loads = [sum(per_adapter[i] * s for i, s in shares_of(queue[pos:pos + k]).items()) for pos, k, _ in fill]
     lo = float(sum(loads)) / n_gpus  # no cap below the mean fits
     hi = max(loads)
     best = fill

@@ -108,15 +108,12 @@ class PrefixSearch:
         of the next entry of the same adapter (len(queue) if none), arriving tokens/s."""
         if self._arrays is None:
             req, n = self.req, len(self.queue)
-            idx = np.fromiter((i for i, _ in self.queue), np.int64, n)
-            share = np.fromiter((s for _, s in self.queue), np.float64, n)
+            idx = np.array([i for i, _ in self.queue], np.int64)
+            share = np.array([s for _, s in self.queue], np.float64)
+            by_adapter = np.argsort(idx, kind="stable")  # each adapter's positions, in order
+            same = idx[by_adapter[1:]] == idx[by_adapter[:-1]]
             next_same = np.full(n, n, np.int64)
-            last: dict[int, int] = {}
-            for p in range(n - 1, -1, -1):
-                i = int(idx[p])
-                if i in last:
-                    next_same[p] = last[i]
-                last[i] = p
+            next_same[by_adapter[:-1][same]] = by_adapter[1:][same]
             self._arrays = (req.ranks[idx], req.rates_rps[idx] * share, req.input_tokens[idx],
                             req.output_tokens[idx], next_same, req.arriving_tok_s[idx] * share)
         return self._arrays
