@@ -17,6 +17,9 @@ once (a *fast step*):
 A step where that does not hold runs the explicit scheduler after :func:`materialize` writes the
 per-request state back; results are identical to stepping every request (checked by
 tests/test_twin_steady_decode.py against the explicit loop alone).
+
+numba's on-disk cache of ``simulate_core`` holds these functions compiled in and is keyed on
+twin/core.py only: after editing this module, clear the ``*.nbi``/``*.nbc`` files (or touch core.py).
 """
 
 from __future__ import annotations
@@ -38,15 +41,11 @@ def heap_push(hk, hr, size, key, r):
         bigger_r[:size] = hr
         hk, hr = bigger_k, bigger_r
     i = size
-    while i > 0:
+    while i > 0 and hk[(i - 1) >> 1] > key:  # sift up
         p = (i - 1) >> 1
-        if hk[p] <= key:
-            break
-        hk[i] = hk[p]
-        hr[i] = hr[p]
+        hk[i], hr[i] = hk[p], hr[p]
         i = p
-    hk[i] = key
-    hr[i] = r
+    hk[i], hr[i] = key, r
     return hk, hr, size + 1
 
 
@@ -56,21 +55,16 @@ def heap_pop(hk, hr, size):
     size -= 1
     if size == 0:
         return 0
-    key, r = hk[size], hr[size]
-    i = 0
-    while True:
-        c = 2 * i + 1
-        if c >= size:
-            break
+    key, r = hk[size], hr[size]  # the last entry sifts down from the top
+    i, c = 0, 1
+    while c < size:
         if c + 1 < size and hk[c + 1] < hk[c]:
             c += 1
         if key <= hk[c]:
             break
-        hk[i] = hk[c]
-        hr[i] = hr[c]
-        i = c
-    hk[i] = key
-    hr[i] = r
+        hk[i], hr[i] = hk[c], hr[c]
+        i, c = c, 2 * c + 1
+    hk[i], hr[i] = key, r
     return size
 
 
