@@ -1,9 +1,11 @@
 """Fast steps (steady decoders held implicitly, twin.steady_decode) give exactly the explicit loop's results.
 
 Recording a trace keeps the core on the explicit loop, so each scenario runs twice, with and without a
-trace, and every per-request time, the ITL histogram, the counters and the time series must be equal.
-The scenarios mix what forces explicit steps (prompts longer than the budget, a KV cache small enough
-to preempt, a full LoRA set, adapter loads, a client cap) with long stretches of steady decoding.
+trace, and every per-request time, the ITL histogram, the counters and the time series must be equal;
+the run without a trace must have taken fast steps (counter 6). The named scenarios mix what forces
+explicit steps (prompts longer than the budget, a KV cache small enough to preempt, a full LoRA set,
+adapter loads, a client cap) with long stretches of steady decoding; the random ones drive the core
+directly over extreme settings (one-token budgets and blocks, one sequence, zero-time steps).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from twin import Adapter, SimConfig, Workload, core, simulate
+from twin import Adapter, SimConfig, Workload, core, simulate, trace_requests
 from twin.steady_decode import heap_pop, heap_push
 from twin.workload import LengthModel
 
@@ -54,11 +56,79 @@ def test_fast_steps_match_the_explicit_loop(monkeypatch, make_profile, name):
             "max_in_flight": cap, "timeseries_dt_s": 1.0}
     fast = _core_outputs(monkeypatch, wl, profile, SimConfig(**base))
     explicit = _core_outputs(monkeypatch, wl, profile, SimConfig(**base, trace_events=1))
-    state, first, finish, hist, counters, busy, ts, _ = fast
-    assert counters[3] > 1000 and (state == core.FINISHED).sum() > 100  # a run worth comparing
-    for got, want in zip((state, first, finish, hist, counters[:5], ts), explicit[:4] + (explicit[4][:5], explicit[6])):
-        np.testing.assert_array_equal(got, want)
-    assert busy == explicit[5]
+    assert fast[4][3] > 1000 and (fast[0] == core.FINISHED).sum() > 100  # a run worth comparing
+    assert fast[4][6] > 100 and explicit[4][6] == 0
+    _assert_same(fast, explicit)
+
+
+def test_zero_time_steps_keep_a_recomputing_request_explicit(monkeypatch, make_profile):
+    """With steps of no time a preempted request recomputing its tokens still has its last token time
+    equal to the step's end; it must not be taken for one that sampled (review finding: it was, and lost
+    preemptions and tokens). Three KV blocks of 64 tokens force the preemptions."""
+    profile = make_profile(**{"step_latency_ms": {"k4_ms_per_request": 0.0, "k5_ms": 0.0}, "engine.block_size": 64,
+                              "engine.admission": "first_chunk", "kv_capacity.no_lora_tokens": 256,
+                              "kv_capacity.tokens": {"8": [256], "16": [256]}})
+    wl = Workload((Adapter("a0", 8, 1.0, 50, 50),))
+    req = trace_requests(wl, [9.0, 9.0], ["a0", "a0"], [66, 45], [37, 52])
+    outs = []
+    explicit = core.simulate_core
+    monkeypatch.setattr(core, "simulate_core", lambda *args: outs.append(explicit(*args)) or outs[-1])
+    simulate(wl, profile, SimConfig(a_max=1, duration_s=10.0), req)
+    simulate(wl, profile, SimConfig(a_max=1, duration_s=10.0, trace_events=1), req)
+    assert outs[1][4][0] == 9  # preemptions
+    _assert_same(*outs)
+
+
+def _assert_same(fast, explicit):
+    """Core outputs equal but for the trace length and the fast-step count."""
+    for k in (0, 1, 2, 3, 6):  # states, first-token and finish times, ITL histogram, time series
+        np.testing.assert_array_equal(fast[k], explicit[k])
+    np.testing.assert_array_equal(fast[4][:5], explicit[4][:5])
+    assert fast[5] == explicit[5]  # busy time
+
+
+def _random_core_args(rng):
+    """simulate_core's arguments but the trace capacity, for a random small engine and workload."""
+    n_ad = int(rng.choice([1, 3, 12]))
+    block = int(rng.choice([1, 4, 16, 128]))
+    budget = int(rng.choice([1, 16, 64, 512]))
+    duration = float(rng.choice([3.0, 10.0]))
+    n = int(rng.poisson(rng.choice([5, 30, 120]) * duration))
+    arrival = np.sort(rng.uniform(0, duration, n))
+    if rng.random() < 0.3:  # many requests arriving together
+        arrival = np.round(arrival)
+    adapter = rng.choice(n_ad, n, p=rng.dirichlet(np.ones(n_ad))).astype(np.int64)
+    cv = float(rng.choice([0.0, 1.0, 3.0]))
+
+    def lengths(mean):
+        if cv == 0:
+            return np.full(n, mean, np.int32)
+        s2 = np.log1p(cv * cv)
+        return np.maximum(1, np.rint(rng.lognormal(np.log(mean) - s2 / 2, np.sqrt(s2), n))).astype(np.int32)
+
+    in_len, out_len = lengths(int(rng.choice([1, 16, 300]))), lengths(int(rng.choice([1, 3, 100])))
+    ad_start, ad_list = core.group_by(adapter, n_ad)
+    lat = np.array([rng.uniform(0, 0.5), rng.uniform(1, 12), rng.uniform(0, 0.3), rng.uniform(0, 2), 100.0,
+                    rng.uniform(0, 4), rng.uniform(0, 0.2), rng.uniform(0, 0.5)])
+    if rng.random() < 0.15:  # steps that take no time: every token of a request lands at one instant
+        lat[:] = 0.0
+        lat[4] = 100.0
+    sched = np.array([rng.uniform(0, 5), rng.uniform(0, 25), rng.uniform(0, 5), 0.0, float(n_ad)])
+    return (arrival, adapter.view(np.uint64), in_len, out_len, ad_start, ad_list, rng.uniform(0, 30, n_ad),
+            duration, int(rng.integers(1, n_ad + 2)), int(rng.choice([1, 3, 20, 300, 5000])), block, budget,
+            int(rng.choice([1, 4, 64, 256])), bool(rng.random() < 0.5), lat, sched,
+            int(rng.choice([0, 0, 2, 50])), float(rng.choice([0.0, 0.5])))
+
+
+def test_fast_steps_match_the_explicit_loop_on_random_engines():
+    rng = np.random.default_rng(2026)
+    fast_steps = 0
+    for _ in range(300):
+        args = _random_core_args(rng)
+        fast = core.simulate_core(*args, 0)
+        _assert_same(fast, core.simulate_core(*args, 1))
+        fast_steps += fast[4][6]
+    assert fast_steps > 10_000
 
 
 def test_heap_pops_in_key_order_and_grows():

@@ -342,7 +342,7 @@ def simulate_core(
     nx = 0
     n_steady = 0
     g = 0  # fast steps so far
-    g_lazy = 0  # g when the requests were last made steady
+    fast_ran = False  # a fast step ran since the requests were last made steady
     rlen = 0  # running-list length while lazy (finished requests stay in it until compacted)
     lazy = False
     slow_left = 0  # explicit steps to run before trying fast ones again
@@ -396,7 +396,7 @@ def simulate_core(
                     need_blocks += (need + block_size - 1) // block_size
             if demand > max_batched or need_blocks > free_blocks:
                 rlen = materialize(running, rlen, state, steady, g0, g, computed, ntok, blocks, last_tok, now,
-                                   block_size, adapter, last_used, g > g_lazy, step)
+                                   block_size, adapter, last_used, fast_ran, step)
                 n_steady = 0
                 cnt[:] = 0
                 hsize = 0
@@ -519,8 +519,6 @@ def simulate_core(
                             rlen = compact_running(running, rlen, state)
                         running[rlen] = r
                         rlen += 1
-                        xlist[nx] = r
-                        nx += 1
                     else:
                         running[nrun] = r
                     nrun += 1
@@ -572,11 +570,10 @@ def simulate_core(
                 load_ms += ad_load_ms[a]
                 loads += 1
             last_used[a] = step
-        if lazy:
-            n_batch_ads = n_distinct
+        n_step_ads = n_distinct if lazy else n_batch_ads
         b = float(nsched + n_steady)
         prompt_tokens = float(n_tokens - n_decode)
-        ms = step_ms(lat, b, prompt_tokens, n_batch_ads) + scheduler_ms(sched, nrun, n_waiting, a_max)
+        ms = step_ms(lat, b, prompt_tokens, n_step_ads) + scheduler_ms(sched, nrun, n_waiting, a_max)
         dt = (ms + load_ms) / 1000.0
         t_end = now + dt
         busy_s += dt
@@ -629,7 +626,7 @@ def simulate_core(
                 r = sched_req[q]
                 if state[r] != RUNNING:
                     continue
-                if last_tok[r] == t_end:  # sampled in this step: steady from the next fast step
+                if computed[r] == ntok[r] - 1 and last_tok[r] == t_end:  # sampled: steady from the next fast step
                     hk, hr, hsize = make_steady(r, g + 1, computed, done_at, steady, g0, cnt, block_size, hk, hr, hsize)
                     n_steady += 1
                 else:
@@ -637,6 +634,7 @@ def simulate_core(
                     k += 1
             nx = k
             g += 1
+            fast_ran = True
             backoff = 1
         else:
             if n_done > 0:
@@ -647,7 +645,7 @@ def simulate_core(
                 else:  # try fast steps: requests that sampled in this step become steady
                     for q in range(nrun):
                         r = running[q]
-                        if last_tok[r] == t_end:
+                        if computed[r] == ntok[r] - 1 and last_tok[r] == t_end:
                             hk, hr, hsize = make_steady(r, g, computed, done_at, steady, g0, cnt, block_size,
                                                         hk, hr, hsize)
                             n_steady += 1
@@ -655,11 +653,11 @@ def simulate_core(
                             xlist[nx] = r
                             nx += 1
                     rlen = nrun
-                    g_lazy = g
+                    fast_ran = False
                     lazy = True
         now = t_end
         step += 1
 
-    counters = np.array([preemptions, loads, rejected, step, ts_i, tr_i], np.int64)
+    counters = np.array([preemptions, loads, rejected, step, ts_i, tr_i, g], np.int64)
     return (state, first_tok, finish, itl_hist, counters, busy_s,
             ts[:ts_i], trace[:tr_i])
