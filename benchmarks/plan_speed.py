@@ -4,8 +4,9 @@
 
 Cases: the paper's 4-GPU evaluation shapes at 384 adapters (high/low/mixed rates, mixed ranks), and
 10,000 adapters (mixed rates and ranks) with no GPU limit. Each case is planned once to warm up
-(numba compilation, artifact loading), then ``--repeats`` times; the median wall time of the packing
-is reported (targets: <= 50 ms with the full surrogate and <= 2 ms with small trees at 4 GPUs / <= 400
+(numba compilation, artifact loading), then ``--repeats`` times and on until the timed runs add up to
+half a second (at most 200: a 1 ms packing gets ~200 samples, since this VM's noise comes in bursts
+that a median of 5 does not ride out); the median wall time of the packing is reported (targets: <= 50 ms with the full surrogate and <= 2 ms with small trees at 4 GPUs / <= 400
 adapters; <= 10 s for 10,000 adapters). The study's Proposed takes 2.16 s for 4 GPUs (Table 5).
 Greedy rows also time, once, the whole default plan: packing plus the twin confirmation of every
 GPU (`planner plan --confirm`, ``--jobs`` processes), with its rounds and GPUs.
@@ -26,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.paper_workloads import paper_workload
 
+MIN_TIMED_S, MAX_REPEATS = 0.5, 200
 CASES = [("high", "mixed", 384, 4), ("mixed", "mixed", 384, 4), ("low", "mixed", 384, 4),
          ("mixed", "mixed", 10_000, None)]
 
@@ -52,19 +54,20 @@ def main() -> None:
             for rates, ranks, n, gpus in CASES:
                 wl = paper_workload(rates, ranks, n)
                 opts = PlanOptions(algorithm=alg, gpus=gpus, jobs=args.jobs)
-                walls, outcome = [], None
-                for k in range(args.repeats + 1):
+                walls, outcome, k = [], None, 0
+                while k <= args.repeats or sum(walls) < MIN_TIMED_S and k <= MAX_REPEATS:
+                    k += 1
                     t0 = time.perf_counter()
                     try:
                         groups = run_algorithm(pack_request(wl, profile, predictor, opts), opts)
                         outcome = f"{len(groups)} GPUs"
                     except InfeasibleError as exc:
                         outcome = f"infeasible: {str(exc)[:80]}"
-                    if k:
+                    if k > 1:
                         walls.append(time.perf_counter() - t0)
                 row = {"predictor": kind, "algorithm": alg, "rates": rates, "ranks": ranks, "adapters": n,
                        "gpus_allowed": gpus, "outcome": outcome, "median_s": statistics.median(walls),
-                       "min_s": min(walls)}
+                       "min_s": min(walls), "timed_runs": len(walls)}
                 if alg == "greedy":
                     row["confirmed"] = confirmed_plan(pack_request(wl, profile, predictor, opts), opts)
                 rows.append(row)
