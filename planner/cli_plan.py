@@ -88,9 +88,8 @@ def _progress(k: int, n: int, name: str) -> None:
               help="Write a PNG of per-GPU load vs predicted throughput and A_max (needs matplotlib).")
 @user_errors
 def plan(workload, profile_id, gpus, algorithm, predictor_kind, policy, policy_params, headroom, input_tokens,
-         output_tokens, split_hot, balance, confirm, min_served, max_ttft, jobs, seed, out, fmt, as_json, model, adapter_dir,
-         port_base,
-         plot) -> None:
+         output_tokens, split_hot, balance, confirm, min_served, max_ttft, jobs, seed, out, fmt, as_json, model,
+         adapter_dir, port_base, plot) -> None:
     """Plan the fewest GPUs that serve WORKLOAD, which adapter goes where, and each GPU's --max-loras.
 
     WORKLOAD is a CSV with one row per adapter (adapter_id,rank,rate_rps[,input_tokens,output_tokens,path]).
@@ -354,4 +353,3 @@ def verify(placement_file, engine, duration, warmup, model, adapter_dir, synthes
                        f"twin on the same requests {r.twin_tok_s:,.0f}; records {r.records}")
     if not all(r.holds for r in results):
         raise InfeasibleError("the plan does not hold on real engines (see above)")
-

@@ -203,8 +203,9 @@ class Confirmation:
 def pack_confirmed(req: PackRequest, split_hot: bool = True, balance: bool = True, jobs: int = 1,
                    bar: ServiceBar = DEFAULT_BAR,
                    progress: Progress | None = None) -> tuple[list[GpuGroup], Confirmation]:
-    """Pack with :func:`plan_greedy`, keep the GPUs the twin confirms (meeting ``bar``), and pack the adapters of the others again with a larger
-    ``req.margin`` until every GPU is confirmed (``jobs``: processes simulating).
+    """Pack with :func:`plan_greedy`, keep the GPUs the twin confirms (meeting ``bar``), and pack the
+    adapters of the others again with a larger ``req.margin`` until every GPU is confirmed (``jobs``:
+    processes simulating).
 
     Raises :class:`InfeasibleError` when a repacking needs more GPUs than allowed, or when
     :data:`MAX_ROUNDS` packings still leave a GPU short.

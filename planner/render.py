@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 from pathlib import PurePosixPath
 
+from planner.confirm import CONFIRM_RATIO
 from planner.placement import InstancePlan, Placement
 from twin.policies.spec import policy_label
 
@@ -52,7 +53,7 @@ def _confirmation_line(c: dict) -> str:
     if c["max_ttft_s"] is not None:
         line += f" (limit {c['max_ttft_s']:g} s)"
     if c["seeds_below_default_ratio"]:
-        line += (f"; --min-served {c['min_ratio']:g}: a GPU below 95 % had to meet it with "
+        line += (f"; --min-served {c['min_ratio']:g}: a GPU below {CONFIRM_RATIO:.0%} had to meet it with "
                  f"{1 + len(c['seeds_below_default_ratio'])} arrival seeds")
     if c.get("retuned_gpus"):
         line += f"; {c['retuned_gpus']} GPU(s) fell short and were kept with another --max-loras the twin confirmed"

@@ -70,7 +70,8 @@ def heap_pop(hk, hr, size):
 
 @nb.njit(cache=True, inline="always")
 def block_phase(g0, computed, block_size):
-    """The ``cnt`` bucket of a steady request: it needs a block at fast steps ``G`` with ``G % block_size`` equal to this."""
+    """The ``cnt`` bucket of a steady request: it needs a block at the fast steps ``G`` whose
+    ``G % block_size`` equals this."""
     return (g0 - computed) % block_size
 
 
