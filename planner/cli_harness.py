@@ -78,6 +78,10 @@ def synth(out_dir, shape, config_only, adapter_ranks, adapters_per_rank, seed, a
             click.echo(f"adapter {name}: {path}")
 
 
+CPU_BATCH_SIZES = "1,2,4,8,16,32,48"
+GPU_BATCH_SIZES = "1,8,32,64,128,256"
+
+
 def _int_list(value: str, flag: str) -> tuple[int, ...]:
     from twin.errors import BadInputError
 
@@ -104,6 +108,9 @@ def _int_list(value: str, flag: str) -> tuple[int, ...]:
               help="CUDA: let vLLM size the KV cache from this fraction instead of --kv-cache-bytes.")
 @click.option("--ranks", default="8,16,32", show_default=True, help="max_lora_rank values to profile.")
 @click.option("--a-max-points", default="1,8,32", show_default=True, help="--max-loras values of the KV grid.")
+@click.option("--batch-sizes", default=None,
+              help="Decode batch sizes of the step-latency experiments [default: 1,2,4,8,16,32,48 on cpu; "
+                   "1,8,32,64,128,256 on cuda, where a GPU holds hundreds of requests].")
 @click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=512, show_default=True)
 @click.option("--max-num-seqs", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--max-model-len", type=click.IntRange(min=1), default=2048, show_default=True)
@@ -118,7 +125,7 @@ def _int_list(value: str, flag: str) -> tuple[int, ...]:
 @click.option("--json", "as_json", is_flag=True, help="Print the profile JSON.")
 @user_errors
 def profile(device, model_dir, out, profile_id, work_dir, kv_cache_bytes, gpu_memory_utilization, ranks,
-            a_max_points, max_num_batched_tokens, max_num_seqs, max_model_len, load_format, gpu,
+            a_max_points, batch_sizes, max_num_batched_tokens, max_num_seqs, max_model_len, load_format, gpu,
             calibration_cases, duration, warmup, python, as_json) -> None:
     """Measure vLLM serving MODEL and fit a twin profile (KV capacity, step latency, LoRA, loads).
 
@@ -133,17 +140,22 @@ def profile(device, model_dir, out, profile_id, work_dir, kv_cache_bytes, gpu_me
       planner profile --engine cpu --model work/tiny/model --out artifacts/profiles/my-cpu.json
     """
     from serving_harness.profiling import Profiler, ProfileSpec, Progress, profile_engine
+    from twin.errors import BadInputError
 
     profile_id = profile_id or Path(out).stem
     work = Path(work_dir) if work_dir else Path("profile-work") / profile_id
     rank_list = _int_list(ranks, "--ranks")
+    batches = _int_list(batch_sizes or (GPU_BATCH_SIZES if device == "cuda" else CPU_BATCH_SIZES), "--batch-sizes")
+    if max(batches) > max_num_seqs:
+        raise BadInputError(f"--batch-sizes go up to {max(batches)}, above --max-num-seqs {max_num_seqs}")
     spec = ProfileSpec(
         profile_id=profile_id, model_dir=str(Path(model_dir)), device=device, gpu=gpu,
         load_format=load_format, kv_cache_bytes=None if gpu_memory_utilization else kv_cache_bytes,
         gpu_memory_utilization=gpu_memory_utilization, max_num_batched_tokens=max_num_batched_tokens,
         max_num_seqs=max_num_seqs, max_model_len=max_model_len, lora_ranks=rank_list,
         a_max_points=_int_list(a_max_points, "--a-max-points"),
-        latency_rank=16 if 16 in rank_list else rank_list[0],
+        latency_rank=16 if 16 in rank_list else rank_list[0], batch_sizes=batches,
+        lora_batch_sizes=tuple(b for b in batches if b >= 8)[:3] or batches[-1:],
     )
     progress = Progress(len(Profiler(spec, work).experiment_names()) + calibration_cases, _progress_bar("profiling"))
     result = profile_engine(spec, work, out, _command_line(), python, progress, calibration_cases, duration, warmup)

@@ -117,8 +117,12 @@ class EngineConfig:
         env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
                     "DO_NOT_TRACK": "1", "PYTHONUNBUFFERED": "1"})
         env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # the size is set by kv_cache_bytes only
-        if self.device == "cuda" and self.gpu is not None:
-            env["CUDA_VISIBLE_DEVICES"] = str(self.gpu)
+        if self.device == "cuda":
+            if self.gpu is not None:
+                env["CUDA_VISIBLE_DEVICES"] = str(self.gpu)
+            # vLLM (0.22) imports FlashInfer at start-up for its top-k/top-p sampler and dies where FlashInfer
+            # is not installed; the load generator samples greedily, so that sampler never runs anyway.
+            env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
         env.update(dict(self.env))
         return env
 

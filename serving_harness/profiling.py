@@ -356,6 +356,7 @@ def fit_profile(spec: ProfileSpec, raw: dict[str, dict], provenance: dict, descr
             "max_num_batched_tokens": spec.max_num_batched_tokens, "max_num_seqs": spec.max_num_seqs,
             "max_model_len": spec.max_model_len, "chunked_prefill": True, "prefix_caching": False,
             "kv_cache_bytes": spec.kv_cache_bytes, "device": spec.device,
+            **({"gpu_memory_utilization": spec.gpu_memory_utilization} if spec.gpu_memory_utilization else {}),
         },
         "kv_capacity": {"no_lora_tokens": raw["kv-nolora"]["kv_tokens"], "a_max_points": list(spec.a_max_points),
                         "tokens": tokens, "failures": failures},
@@ -382,7 +383,8 @@ def fit_profile(spec: ProfileSpec, raw: dict[str, dict], provenance: dict, descr
     return profile
 
 
-def machine_facts() -> dict:
+def machine_facts(device: str = "cpu") -> dict:
+    """The host (and, for ``device="cuda"``, the GPUs nvidia-smi reports) the profile was measured on."""
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -391,7 +393,23 @@ def machine_facts() -> dict:
                 break
     except OSError:
         pass
-    return {"accelerator": "none (CPU)", "cpu": cpu, "nproc": os.cpu_count(), "platform": platform.platform()}
+    facts = {"accelerator": "none (CPU)", "cpu": cpu, "nproc": os.cpu_count(), "platform": platform.platform()}
+    if device == "cuda":
+        facts.update(_gpu_facts())
+    return facts
+
+
+def _gpu_facts() -> dict:
+    import subprocess
+
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=60, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {"accelerator": "CUDA GPU (nvidia-smi unavailable)"}
+    gpus = [[f.strip() for f in line.split(",")] for line in out.strip().splitlines()]
+    name, mib, driver = gpus[0]
+    return {"accelerator": name, "count": len(gpus), "memory_gib": round(float(mib) / 1024, 2), "driver": driver}
 
 
 def vllm_version(python: str | None) -> str:
@@ -423,6 +441,14 @@ def calibrate_fitted(profile: dict, spec: ProfileSpec, work_dir: Path, cases: in
                               {"seed": CALIBRATION_SEED, "runs": str(work_dir / "calibration")})
 
 
+KV_NOTES = {
+    "cpu": "On CPU the KV cache has an explicit size (--kv-cache-memory-bytes): LoRA slots do not take from it, "
+           "so T_max does not depend on A_max x max_lora_rank (measured per grid point).",
+    "cuda": "On CUDA vLLM sizes the KV cache from the memory left after weights, activations, CUDA graphs and the "
+            "LoRA slots (A_max x max_lora_rank), so T_max falls with both (measured per grid point).",
+}
+
+
 def profile_engine(spec: ProfileSpec, work_dir: str | os.PathLike, out: str | os.PathLike, command: str,
                    python: str | None = None, progress: Progress | None = None, calibration_cases: int = 10,
                    duration_s: float = 30.0, warmup_s: float = 5.0) -> dict:
@@ -431,13 +457,13 @@ def profile_engine(spec: ProfileSpec, work_dir: str | os.PathLike, out: str | os
     raw = profiler.run()
     version = vllm_version(python)
     provenance = {
-        "kind": "measured", "machine": machine_facts(), "vllm_version": version,
+        "kind": "measured", "machine": machine_facts(spec.device), "vllm_version": version,
         "date": time.strftime("%Y-%m-%d"), "command": command, "raw_measurements": str(Path(work_dir) / "raw"),
         "spec": asdict(spec),
-        "notes": "On CPU the KV cache has an explicit size (--kv-cache-memory-bytes): LoRA slots do not take "
-                 "from it, so T_max does not depend on A_max x max_lora_rank (measured per grid point).",
+        "notes": KV_NOTES[spec.device],
     }
-    description = f"{Path(spec.model_dir).name} on {spec.device} ({provenance['machine']['cpu']}), vLLM {version}"
+    where = provenance["machine"]["cpu"] if spec.device == "cpu" else provenance["machine"]["accelerator"]
+    description = f"{Path(spec.model_dir).name} on {spec.device} ({where}), vLLM {version}"
     profile = fit_profile(spec, raw, provenance, description)
     if calibration_cases:
         profile = calibrate_fitted(profile, spec, Path(work_dir), calibration_cases, duration_s, warmup_s, python,

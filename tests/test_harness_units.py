@@ -6,6 +6,7 @@ import asyncio
 import json
 import math
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -217,3 +218,66 @@ def test_planner_validate_and_profile_reject_bad_input_in_one_line(tmp_path):
     res = CliRunner().invoke(cli_harness.profile, ["--model", str(model), "--out", str(tmp_path / "p.json"),
                                                    "--ranks", "8,-4"])
     assert res.exit_code == 2 and "--ranks" in res.output
+
+
+def test_cuda_engines_skip_the_flashinfer_sampler_unless_told():
+    cuda = engine.EngineConfig(model="/m", device="cuda")
+    assert cuda.environment()["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
+    told = engine.EngineConfig(model="/m", device="cuda", env=(("VLLM_USE_FLASHINFER_SAMPLER", "1"),))
+    assert told.environment()["VLLM_USE_FLASHINFER_SAMPLER"] == "1"
+    assert "VLLM_USE_FLASHINFER_SAMPLER" not in engine.EngineConfig(model="/m").environment()
+
+
+def test_a_cuda_profile_is_validated_on_the_engine_it_was_measured_on(tmp_path):
+    from serving_harness.validation import Validator
+    from twin.profile import profile_from_dict
+
+    model = synth.write_model(tmp_path / "m", synth.ModelShape(), weights=False)
+    doc = json.loads((Path(__file__).parents[1] / "artifacts/profiles/cpu-2core-tiny-llama.json").read_text())
+    cpu = Validator(profile_from_dict(doc), str(model), tmp_path / "v").engine_config(8, 16)
+    assert (cpu.device, cpu.load_format, cpu.gpu_memory_utilization) == ("cpu", "auto", None)
+    doc["engine"]["kv_cache_bytes"] = None
+    spec = doc["provenance"]["spec"]
+    spec.update(device="cuda", gpu=1, load_format="dummy", gpu_memory_utilization=0.9, kv_cache_bytes=None)
+    cfg = Validator(profile_from_dict(doc), str(model), tmp_path / "v").engine_config(8, 16)
+    assert (cfg.device, cfg.gpu, cfg.load_format, cfg.gpu_memory_utilization) == ("cuda", 1, "dummy", 0.9)
+    argv = cfg.argv(1)
+    assert argv[argv.index("--load-format") + 1] == "dummy" and "--kv-cache-memory-bytes" not in argv
+    assert cfg.environment()["CUDA_VISIBLE_DEVICES"] == "1"
+
+
+def test_profile_on_cuda_sizes_its_batches_for_a_gpu(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from planner import cli_harness
+    from serving_harness import profiling
+
+    seen = {}
+
+    def fake_profile_engine(spec, *args, **kwargs):
+        seen["spec"] = spec
+        raise SystemExit(0)
+
+    monkeypatch.setattr(profiling, "profile_engine", fake_profile_engine)
+    model = synth.write_model(tmp_path / "m", synth.ModelShape(), weights=False)
+    common = ["--model", str(model), "--out", str(tmp_path / "p.json"), "--work-dir", str(tmp_path / "w")]
+    res = CliRunner().invoke(cli_harness.profile, [*common, "--engine", "cuda", "--max-num-seqs", "512"])
+    assert res.exit_code == 0 and seen["spec"].batch_sizes == (1, 8, 32, 64, 128, 256)
+    assert seen["spec"].lora_batch_sizes == (8, 32, 64) and seen["spec"].device == "cuda"
+    res = CliRunner().invoke(cli_harness.profile, common)
+    assert seen["spec"].batch_sizes == (1, 2, 4, 8, 16, 32, 48) and seen["spec"].lora_batch_sizes == (8, 16, 32)
+    res = CliRunner().invoke(cli_harness.profile, [*common, "--engine", "cuda"])  # --max-num-seqs 64
+    assert res.exit_code == 2 and "--batch-sizes go up to 256, above --max-num-seqs 64" in res.output
+
+
+def test_machine_facts_name_the_gpu_nvidia_smi_reports(tmp_path, monkeypatch):
+    from serving_harness.profiling import machine_facts
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert machine_facts("cuda")["accelerator"] == "CUDA GPU (nvidia-smi unavailable)"
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'NVIDIA H100 80GB HBM3, 81559, 580.159.04'\n")
+    smi.chmod(0o755)
+    facts = machine_facts("cuda")
+    assert (facts["accelerator"], facts["count"], facts["memory_gib"]) == ("NVIDIA H100 80GB HBM3", 1, 79.65)
+    assert machine_facts("cpu")["accelerator"] == "none (CPU)"
