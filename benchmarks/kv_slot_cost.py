@@ -1,12 +1,12 @@
-"""What one LoRA slot costs in KV cache on a real H100, beside the study's measurements and the adapter's bytes.
+"""What one LoRA slot costs in KV cache on a real H100, beside the study's measurements and vLLM's slot buffers.
 
-Reads the start-up logs and raw results of ``planner profile --engine cuda`` (vLLM's own lines:
-"Model loading took X GiB", "GPU KV cache size: N tokens") under ``--data`` and reports, per
-max_lora_rank, the memory one more ``--max-loras`` slot takes at load time, the KV tokens it
-costs, and the same slope in the study's KV table (vLLM 0.8.5 on an H100 64GB). The expected
-slot size is the adapter's weights at max rank in bf16: every layer's q, k, v, o, gate, up and
-down projections (``r x (in + out)`` each) plus a vocabulary-sized A of the embedding and B of
-the LM head, which vLLM also reserves per slot.
+Reads the start-up logs of ``planner profile --engine cuda`` (vLLM's own lines: "Model loading took
+X GiB", "GPU KV cache size: N tokens") under ``--data`` and reports, per max_lora_rank, the memory
+one more ``--max-loras`` slot takes at load time, the KV tokens it costs, and the same least-squares
+slope in the study's KV table (vLLM 0.8.5 on an H100 64GB) over the A_max range it measured. The
+expected slot size is the buffers vLLM reserves per slot at max rank in bf16: A and B of every
+layer's q, k, v, o, gate, up and down projections, and of the embedding and the LM head (the
+adapters the harness writes have only the projections).
 
     python benchmarks/kv_slot_cost.py            # -> artifacts/benchmarks/kv_slot_cost.json
 """
@@ -23,7 +23,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from serving_harness.synth import SHAPES, ModelShape
+from serving_harness.synth import ATTENTION_MODULES, MLP_MODULES, SHAPES, ModelShape
 from twin import load_profile
 from twin.atomic import write_json_atomic
 
@@ -34,14 +34,16 @@ POINT = re.compile(r"kv-a(\d+)-r(\d+)")
 
 
 def slot_bytes(shape: ModelShape, rank: int, dtype_bytes: int = 2) -> int:
-    """Bytes of one LoRA slot of ``rank``: the seven projections of every layer, embedding A, LM head B."""
-    h, i, kv = shape.hidden_size, shape.intermediate_size, shape.num_key_value_heads * shape.head_dim
-    per_layer = (h + h) * 2 + (h + kv) * 2 + (h + i) * 2 + (i + h)  # q, o; k, v; gate, up; down
-    return dtype_bytes * rank * (shape.num_hidden_layers * per_layer + 2 * shape.vocab_size)
+    """Bytes of one LoRA slot of ``rank``: A (r x in) and B (out x r) of each projection of every layer,
+    of the embedding (vocab -> hidden) and of the LM head (hidden -> vocab)."""
+    per_layer = sum(sum(shape.module_dims(m)) for m in (*ATTENTION_MODULES, *MLP_MODULES))
+    return dtype_bytes * rank * (shape.num_hidden_layers * per_layer + 2 * (shape.vocab_size + shape.hidden_size))
 
 
-def kv_token_bytes(shape: ModelShape, dtype_bytes: int = 2) -> int:
-    return dtype_bytes * 2 * shape.num_hidden_layers * shape.num_key_value_heads * shape.head_dim
+def slope(points: list[tuple[int, float]]) -> float:
+    """Least-squares fall per A_max step of (A_max, value) points."""
+    a, v = np.array(points, float).T
+    return float(-np.polyfit(a, v, 1)[0])
 
 
 def read_logs(logs: Path) -> dict[tuple[int, int], dict[str, float]]:
@@ -58,15 +60,14 @@ def read_logs(logs: Path) -> dict[tuple[int, int], dict[str, float]]:
     return points
 
 
-def study_slope(profile_id: str, rank: int, a0: int, a1: int) -> float | None:
-    """Tokens per slot in a published profile's KV table: least squares over its points in [a0, a1]
-    where the engine started (None if fewer than two)."""
+def study_slope(profile_id: str, rank: int, a0: int, a1: int) -> tuple[float, list[int]] | None:
+    """Tokens per slot in a published profile's KV table over its points in [a0, a1] where the engine
+    started, and the A_max range used (None if fewer than two)."""
     kv = load_profile(profile_id).kv
     pts = [(a, t) for a, t in zip(kv.a_max_points, kv.tokens.get(rank, [])) if t is not None and a0 <= a <= a1]
     if len(pts) < 2:
         return None
-    a, t = np.array(pts, float).T
-    return float(-np.polyfit(a, t, 1)[0])
+    return slope(pts), [pts[0][0], pts[-1][0]]
 
 
 def main() -> None:
@@ -81,27 +82,26 @@ def main() -> None:
     points = read_logs(Path(args.data) / "logs")
     if not points:
         sys.exit(f"no start-up logs with KV lines under {args.data}/logs")
-    token_bytes = kv_token_bytes(shape)
+    token_bytes = shape.kv_bytes_per_token
     ranks = {}
     for rank in sorted({r for _, r in points if r}):
-        a = sorted(a_max for a_max, r in points if r == rank)
-        if len(a) < 2:
+        pts = sorted((a_max, v) for (a_max, r), v in points.items() if r == rank)
+        if len(pts) < 2:
             continue
-        lo, hi = points[(a[0], rank)], points[(a[-1], rank)]
-        n = a[-1] - a[0]
-        loaded_mib = (hi["loaded_gib"] - lo["loaded_gib"]) * GIB / n / 2**20
-        kv_tokens = (lo["kv_tokens"] - hi["kv_tokens"]) / n
+        loaded_mib = -slope([(a, v["loaded_gib"]) for a, v in pts]) * GIB / 2**20
+        kv_tokens = slope([(a, v["kv_tokens"]) for a, v in pts])
         expected = slot_bytes(shape, rank)
-        study = study_slope(args.study_profile, rank, a[0], a[-1])
+        study = study_slope(args.study_profile, rank, pts[0][0], pts[-1][0])
         ranks[str(rank)] = {
-            "a_max": [a[0], a[-1]],
+            "a_max": [pts[0][0], pts[-1][0]],
             "loaded_mib_per_slot": round(loaded_mib, 2),
-            "adapter_bytes_mib": round(expected / 2**20, 2),
-            "loaded_over_adapter_bytes": round(loaded_mib * 2**20 / expected, 4),
+            "slot_buffer_mib": round(expected / 2**20, 2),
+            "loaded_over_slot_buffer": round(loaded_mib * 2**20 / expected, 4),
             "kv_tokens_per_slot": round(kv_tokens, 1),
             "kv_mib_per_slot": round(kv_tokens * token_bytes / 2**20, 2),
-            "study_kv_tokens_per_slot": None if study is None else round(study, 1),
-            "vs_study_pct": None if study is None else round(100 * (kv_tokens / study - 1), 2),
+            "study_kv_tokens_per_slot": None if study is None else round(study[0], 1),
+            "study_a_max": None if study is None else study[1],
+            "vs_study_pct": None if study is None else round(100 * (kv_tokens / study[0] - 1), 2),
         }
     no_lora = points.get((0, 0))
     result = {
@@ -115,8 +115,8 @@ def main() -> None:
     write_json_atomic(args.out, result)
     for rank, r in ranks.items():
         study = "n/a" if r["study_kv_tokens_per_slot"] is None else \
-            f"{r['study_kv_tokens_per_slot']:.0f} ({r['vs_study_pct']:+.1f} %)"
-        print(f"rank {rank}: slot loads {r['loaded_mib_per_slot']:.1f} MiB (adapter {r['adapter_bytes_mib']:.1f} MiB), "
+            f"{r['study_kv_tokens_per_slot']:.0f} over A_max {r['study_a_max']} ({r['vs_study_pct']:+.1f} %)"
+        print(f"rank {rank}: slot loads {r['loaded_mib_per_slot']:.1f} MiB (buffers {r['slot_buffer_mib']:.1f} MiB), "
               f"costs {r['kv_tokens_per_slot']:.0f} KV tokens; study {study}")
     print(f"wrote {args.out}")
 

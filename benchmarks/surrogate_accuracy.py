@@ -6,7 +6,8 @@ Collects what ``planner train`` measured (held-out scenarios, real runs, per mod
 shipped forest, whose scikit-learn class each row names) from each artifact's ``surrogate.json``
 and re-scores the shipped predictors (``surrogate``, ``small-tree``) end to end from GpuScenarios
 against the real Qwen runs, with a trivial predictor ``min(0.98 × arriving, saturation)`` for
-context. SMAPE is the standard one (factor 2); the study's figures are converted (doubled).
+context; also the Qwen surrogate trained on the study's client (``study-client``), when built.
+SMAPE is the standard one (factor 2); the study's figures are converted (doubled).
 Writes artifacts/benchmarks/surrogate_accuracy.json.
 """
 
@@ -35,6 +36,9 @@ STUDY = {
                                "small_tree": (20.50, 0.92)},
     QWEN: {"rf": (10.56, 0.99), "knn": (10.56, 0.99), "svm": (14.92, 0.93), "small_tree": (25.78, 0.97)},
 }
+#: A Qwen surrogate trained on a dataset whose twin runs the study's client (at most 28,232 requests in
+#: flight): it predicts the real runs' measurement setup, and the planner never loads it.
+STUDY_CLIENT_DIR = ROOT / "artifacts" / "surrogates" / QWEN / "study-client"
 TARGETS = {"held_out_throughput_smape": 3.0, "real_throughput_smape": 6.0, "starved_macro_f1": 0.97}
 
 
@@ -45,13 +49,20 @@ def main(argv=None) -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "artifacts" / "benchmarks" / "surrogate_accuracy.json")
     args = ap.parse_args(argv)
     table = []
-    for pid in args.profile:
+    artifacts = [(pid, None) for pid in args.profile]
+    if QWEN in args.profile and has_artifact(load_profile(QWEN), STUDY_CLIENT_DIR):
+        artifacts.append((QWEN, STUDY_CLIENT_DIR))
+    for pid, directory in artifacts:
         profile = load_profile(pid)
-        if not has_artifact(profile):
+        if not has_artifact(profile, directory):
             print(f"{pid}: no surrogate artifact, skipped")
             continue
-        meta = artifact_metadata(profile)
-        entry = {"profile": pid, "dataset_rows": meta["dataset"]["rows"], "trained": {}, "study": STUDY.get(pid)}
+        meta = artifact_metadata(profile, directory)
+        label = pid if directory is None else f"{pid} ({directory.name})"
+        caps = sorted({f["grid"].get("max_in_flight", 0) for f in meta["dataset"]["files"]})
+        entry = {"profile": pid, "artifact": str(directory.relative_to(ROOT)) if directory else "shipped",
+                 "dataset_client_cap": caps[-1] or None, "dataset_rows": meta["dataset"]["rows"], "trained": {},
+                 "study": STUDY.get(pid)}
         for target, models in meta["results"].items():
             for name, m in models.items():
                 row = entry["trained"].setdefault(name, {})
@@ -66,18 +77,22 @@ def main(argv=None) -> None:
             sat = max(runs.throughput)
             trivial = np.minimum(0.98 * runs.arriving_tok_s, sat)
             entry["real_runs"] = {"runs": len(runs.scenarios), "trivial_throughput_smape": smape(trivial, runs.throughput)}
+            # the runs with rank-32 adapters: no profile constant was chosen on them (twin_fidelity.py's split)
+            held = np.array([32 in sc.ranks for sc in runs.scenarios])
             for kind in ("surrogate", "small-tree"):
-                p = SurrogatePredictor(profile, kind).predict(runs.scenarios)
+                p = SurrogatePredictor(profile, kind, directory).predict(runs.scenarios)
                 st = runs.starved
                 entry["real_runs"][kind] = {
                     "throughput_smape": smape(p.throughput_tok_s, runs.throughput),
+                    "throughput_smape_held_out_half": smape(p.throughput_tok_s[held], runs.throughput[held]),
+                    "starved_macro_f1_held_out_half": macro_f1(p.starved[held], st[held]),
                     "throughput_smape_real_not_starved": smape(p.throughput_tok_s[~st], runs.throughput[~st]),
                     "throughput_smape_real_starved": smape(p.throughput_tok_s[st], runs.throughput[st]),
                     "starved_macro_f1": macro_f1(p.starved, st),
                 }
         table.append(entry)
         for name, row in entry["trained"].items():
-            print(f"{pid:24} {name:10} throughput SMAPE held-out {row.get('throughput_held_out', float('nan')):6.2f}% "
+            print(f"{label:37} {name:10} throughput SMAPE held-out {row.get('throughput_held_out', float('nan')):6.2f}% "
                   f"real {row.get('throughput_real', float('nan')):6.2f}% | starved F1 held-out "
                   f"{row.get('starved_held_out', float('nan')):.3f} real {row.get('starved_real', float('nan')):.3f}")
     write_json_atomic(args.out, {"benchmark": "surrogate_accuracy", "command": "python " + " ".join(sys.argv),

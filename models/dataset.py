@@ -11,10 +11,11 @@ max_lora_rank) pair the engine cannot start with is recorded as a ``memory_error
 simulated.
 
 Every random draw of scenario ``i`` comes from ``SeedSequence([grid.seed, i])``, so any row can be
-rebuilt alone from its spec. Builds are resumable: rows are flushed in part files under
-``<out>.work/`` and a rerun skips the scenarios already there; scenarios run in a seeded random
-order, so an interrupted build is a uniform sample of the grid. The merged parquet carries the
-grid, the profile id and hash and the build state in its schema metadata (``lora_planner``).
+rebuilt alone from its spec and the grid's duration and client cap (``max_in_flight``, in the
+metadata). Builds are resumable: rows are flushed in part files under ``<out>.work/`` and a rerun
+skips the scenarios already there; scenarios run in a seeded random order, so an interrupted build
+is a uniform sample of the grid. The merged parquet carries the grid, the profile id and hash and
+the build state in its schema metadata (``lora_planner``).
 
 A build for a serving policy other than stock vLLM (``twin.policies``) runs the twin under it and
 records it (``policy``: name and non-preset parameters) in the build state and the metadata; the
@@ -73,6 +74,9 @@ class GridSpec:
     length_scale: tuple[float, float] = (0.5, 2.0)
     seed: int = 0
     max_scenarios: int = 0  # 0: every grid point; else a seeded uniform sample of this many
+    #: Client-side cap on requests in flight (twin ``max_in_flight``); 0: none. A capped grid models a
+    #: measurement client (the study's held at most 28,232), not production traffic.
+    max_in_flight: int = 0
 
     @classmethod
     def paper(cls, duration_s: float = 3600.0) -> GridSpec:
@@ -135,9 +139,15 @@ class GridSpec:
             raise BadInputError(f"{where}: length_scale must be [lo, hi] with 0 < lo <= hi")
         if not self.duration_s > 0:
             raise BadInputError(f"{where}: duration_s must be > 0")
+        if isinstance(self.max_in_flight, bool) or not isinstance(self.max_in_flight, int) or self.max_in_flight < 0:
+            raise BadInputError(f"{where}: max_in_flight must be an integer >= 0")
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+        """JSON form; ``max_in_flight`` only when set, so uncapped builds made before it existed resume."""
+        d = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+        if not d["max_in_flight"]:
+            del d["max_in_flight"]
+        return d
 
     def points(self) -> list[tuple[int, int, tuple[float, ...], tuple[int, ...]]]:
         """Every scenario as (served, a_max, rate combination, rank combination), in a fixed order."""
@@ -195,7 +205,8 @@ def run_scenario(grid: GridSpec, profile: Profile, scenario_id: int, point, sim_
         wl = Workload(tuple(Adapter(f"a{i}", int(r), float(lam), spec["input_tokens"], spec["output_tokens"])
                             for i, (r, lam) in enumerate(zip(spec["ranks"], spec["rates_rps"]))))
         res = simulate(wl, profile, SimConfig(a_max=spec["a_max"], duration_s=grid.duration_s, seed=spec["seed"],
-                                              max_lora_rank=spec["max_lora_rank"], policy=policy))
+                                              max_lora_rank=spec["max_lora_rank"], policy=policy,
+                                              max_in_flight=grid.max_in_flight))
         row.update(throughput_tok_s=res.total_throughput_tok_s, arriving_tok_s=res.arriving_tok_s,
                    itl_ms=res.itl_ms_mean, ttft_ms=res.ttft_ms_mean, starved=res.starved,
                    arrived_requests=res.arrived_requests, finished_requests=res.finished_requests,
@@ -321,9 +332,14 @@ def _open_work_dir(work: Path, state: dict[str, Any]) -> set[int]:
     if spec_path.is_file():
         old = json.loads(spec_path.read_text(encoding="utf-8"))
         keys = {*state, "policy"}
-        if {k: old.get(k) for k in keys} != {k: state.get(k) for k in keys}:
-            raise BadInputError(f"{work} holds an unfinished build of another grid or profile; "
-                                f"delete it or use another --out")
+        differ = sorted(k for k in keys if old.get(k) != state.get(k))
+        if "grid" in differ:  # name the grid fields (a different --max-in-flight, say)
+            grids = old.get("grid") or {}, state["grid"]
+            differ.remove("grid")
+            differ += [f"grid.{k}" for k in sorted({*grids[0], *grids[1]}) if grids[0].get(k) != grids[1].get(k)]
+        if differ:
+            raise BadInputError(f"{work} holds an unfinished build of another grid or profile (it differs in "
+                                f"{', '.join(differ)}); delete it or use another --out")
     else:
         work.mkdir(parents=True, exist_ok=True)
         write_json_atomic(spec_path, state)
@@ -438,7 +454,7 @@ def read_dataset(paths: Iterable[str | Path], profile: Profile, policy: PolicySp
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    parts, metas = [], []
+    parts, metas, paths_seen = [], [], []
     digest = hashlib.sha256()
     for path in paths:
         path = Path(path)
@@ -455,10 +471,15 @@ def read_dataset(paths: Iterable[str | Path], profile: Profile, policy: PolicySp
         if meta.get("policy") != policy_record(policy):
             raise BadInputError(f"{path}: built for serving policy {policy_label(meta.get('policy'))}, "
                                 f"not {policy_label(policy_record(policy))}")
+        if metas and meta["grid"].get("max_in_flight", 0) != metas[0]["grid"].get("max_in_flight", 0):
+            raise BadInputError(f"{path}: built with a client cap of {meta['grid'].get('max_in_flight', 0)} "
+                                f"requests in flight, {paths_seen[0]} with {metas[0]['grid'].get('max_in_flight', 0)} "
+                                f"(0: none); train on datasets of one client")
         if meta["profile_hash"] != simulation_hash(profile, policy):
             raise BadInputError(f"{path}: built with another version of profile {profile.profile_id} (simulation "
                                 f"hash {meta['profile_hash']}, now {simulation_hash(profile, policy)}); rebuild it")
         digest.update(path.read_bytes())
+        paths_seen.append(path)
         parts.append(table.filter(pc.invert(table.column("memory_error"))))
         metas.append(meta)
     if not parts:

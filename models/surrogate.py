@@ -152,6 +152,10 @@ def artifact_metadata(profile: Profile, directory: str | Path | None = None,
                            f"{list(FEATURES)}; {rebuild}")
     if not isinstance(meta.get("arrays_sha256"), str):
         raise ProfileError(f"{d / METADATA_FILE}: no arrays_sha256; {rebuild}")
+    cap = max((f.get("grid", {}).get("max_in_flight", 0) for f in meta.get("dataset", {}).get("files", [])), default=0)
+    if cap and directory is None:
+        raise ProfileError(f"{d}: surrogate was trained with a client cap of {cap} requests in flight (a measurement "
+                           f"client), not for planning; {rebuild}")
     return meta
 
 

@@ -47,10 +47,15 @@ def dataset() -> None:
 @click.option("--address", default=None, help="Ray cluster address (with --backend ray), e.g. 'auto'.")
 @click.option("--limit", type=click.IntRange(min=0), default=0,
               help="Stop after this many scenarios in total (0 = all); rerun to continue.")
+@click.option("--max-in-flight", type=click.IntRange(min=0), default=None,
+              help="Cap the client's requests in flight in every scenario [grid's: none]. The study's load "
+                   "generator could hold 28232 (one port each); a dataset built with that cap predicts its real "
+                   "runs, not production traffic, so do not plan with surrogates trained on it.")
 @policy_options()
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
 @user_errors
-def build(profile_id, grid, out, duration, jobs, backend, address, limit, policy, policy_params, as_json) -> None:
+def build(profile_id, grid, out, duration, jobs, backend, address, limit, max_in_flight, policy, policy_params,
+          as_json) -> None:
     """Run the twin over a scenario grid and write one parquet row per scenario.
 
     Each row holds the scenario spec (per-adapter ranks and rates, A_max, mean lengths, duration,
@@ -58,13 +63,16 @@ def build(profile_id, grid, out, duration, jobs, backend, address, limit, policy
     starved). (A_max, max rank) pairs vLLM cannot start with are rows with memory_error=true.
     Scenarios run in a seeded random order, so a partial build is a uniform sample of the grid.
     With --policy other than vllm the twin runs that serving policy (every A_max starts) and the
-    dataset records it; surrogates trained on it answer for that policy only.
+    dataset records it; surrogates trained on it answer for that policy only. With --max-in-flight
+    the twin's client holds at most that many requests (the dataset records it too).
     """
     from models.dataset import GridSpec, build_dataset
     from twin import load_profile
 
     profile = load_profile(profile_id)
     spec = GridSpec.load(grid, duration)
+    if max_in_flight is not None:
+        spec = GridSpec.from_dict({**spec.to_dict(), "max_in_flight": max_in_flight}, where="--max-in-flight")
     res = build_dataset(profile, spec, out, jobs=jobs, backend=backend, address=address, limit=limit,
                         progress=not as_json, policy=policy_from_cli(policy, policy_params))
     summary = {"out": str(res.out), "grid_scenarios": res.total, "rows": res.done, "new_rows": res.new_rows,

@@ -383,8 +383,8 @@ def fit_profile(spec: ProfileSpec, raw: dict[str, dict], provenance: dict, descr
     return profile
 
 
-def machine_facts(device: str = "cpu") -> dict:
-    """The host (and, for ``device="cuda"``, the GPUs nvidia-smi reports) the profile was measured on."""
+def machine_facts(device: str = "cpu", gpu: int | None = None) -> dict:
+    """The host (and, for ``device="cuda"``, GPU ``gpu`` as nvidia-smi reports it) the profile was measured on."""
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -395,21 +395,21 @@ def machine_facts(device: str = "cpu") -> dict:
         pass
     facts = {"accelerator": "none (CPU)", "cpu": cpu, "nproc": os.cpu_count(), "platform": platform.platform()}
     if device == "cuda":
-        facts.update(_gpu_facts())
+        facts.update(_gpu_facts(gpu or 0))
     return facts
 
 
-def _gpu_facts() -> dict:
+def _gpu_facts(index: int) -> dict:
     import subprocess
 
+    query = ["nvidia-smi", "-i", str(index), "--query-gpu=name,memory.total,driver_version",
+             "--format=csv,noheader,nounits"]
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=60, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return {"accelerator": "CUDA GPU (nvidia-smi unavailable)"}
-    gpus = [[f.strip() for f in line.split(",")] for line in out.strip().splitlines()]
-    name, mib, driver = gpus[0]
-    return {"accelerator": name, "count": len(gpus), "memory_gib": round(float(mib) / 1024, 2), "driver": driver}
+        out = subprocess.run(query, capture_output=True, text=True, timeout=60, check=True).stdout
+        name, mib, driver = (f.strip() for f in out.strip().splitlines()[0].split(","))
+        return {"accelerator": name, "gpu_index": index, "memory_gib": round(float(mib) / 1024, 2), "driver": driver}
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return {"accelerator": "CUDA GPU (nvidia-smi unavailable)", "gpu_index": index}
 
 
 def vllm_version(python: str | None) -> str:
@@ -442,10 +442,10 @@ def calibrate_fitted(profile: dict, spec: ProfileSpec, work_dir: Path, cases: in
 
 
 KV_NOTES = {
-    "cpu": "On CPU the KV cache has an explicit size (--kv-cache-memory-bytes): LoRA slots do not take from it, "
-           "so T_max does not depend on A_max x max_lora_rank (measured per grid point).",
-    "cuda": "On CUDA vLLM sizes the KV cache from the memory left after weights, activations, CUDA graphs and the "
-            "LoRA slots (A_max x max_lora_rank), so T_max falls with both (measured per grid point).",
+    "explicit": "The KV cache has an explicit size (--kv-cache-memory-bytes): LoRA slots do not take from it, "
+                "so T_max does not depend on A_max x max_lora_rank (measured per grid point).",
+    "sized": "vLLM sizes the KV cache from the memory left after weights, activations, CUDA graphs and the "
+             "LoRA slots (A_max x max_lora_rank), so T_max falls with both (measured per grid point).",
 }
 
 
@@ -457,10 +457,10 @@ def profile_engine(spec: ProfileSpec, work_dir: str | os.PathLike, out: str | os
     raw = profiler.run()
     version = vllm_version(python)
     provenance = {
-        "kind": "measured", "machine": machine_facts(spec.device), "vllm_version": version,
+        "kind": "measured", "machine": machine_facts(spec.device, spec.gpu), "vllm_version": version,
         "date": time.strftime("%Y-%m-%d"), "command": command, "raw_measurements": str(Path(work_dir) / "raw"),
         "spec": asdict(spec),
-        "notes": KV_NOTES[spec.device],
+        "notes": KV_NOTES["explicit" if spec.kv_cache_bytes else "sized"],
     }
     where = provenance["machine"]["cpu"] if spec.device == "cpu" else provenance["machine"]["accelerator"]
     description = f"{Path(spec.model_dir).name} on {spec.device} ({where}), vLLM {version}"

@@ -114,6 +114,7 @@ class Validator:
     warmup_s: float = 5.0
     python: str | None = None
     report_progress: Callable[[int, int, str], None] = lambda done, total, label: None
+    gpu: int | None = None  # CUDA device index; None: the one a CUDA profile was measured on
 
     def _adapter_pool(self, max_rank: int) -> dict[str, str]:
         shape = model_shape(self.model_dir)
@@ -125,8 +126,8 @@ class Validator:
         return {k: str(root / k) for k in names}
 
     def engine_config(self, a_max: int, max_rank: int) -> EngineConfig:
-        """The profiled engine's settings; device, GPU, memory share and load format come from the
-        measured profile's ``provenance.spec`` (a CUDA profile is checked on the GPU it was measured on)."""
+        """The profiled engine's settings; device, GPU (unless ``gpu`` is set), memory share and load format
+        come from the measured profile's ``provenance.spec``."""
         e = self.profile.engine
         measured = self.profile.provenance.get("spec", {})
         pool = self._adapter_pool(max_rank)
@@ -134,7 +135,8 @@ class Validator:
             model=self.model_dir, adapters=tuple(pool.items()), max_loras=a_max, max_lora_rank=max_rank,
             max_cpu_loras=len(pool), max_num_batched_tokens=e.max_num_batched_tokens, max_num_seqs=e.max_num_seqs,
             max_model_len=e.max_model_len, kv_cache_bytes=e.kv_cache_bytes, device=measured.get("device", "cpu"),
-            gpu=measured.get("gpu"), gpu_memory_utilization=measured.get("gpu_memory_utilization"),
+            gpu=measured.get("gpu") if self.gpu is None else self.gpu,
+            gpu_memory_utilization=measured.get("gpu_memory_utilization"),
             load_format=measured.get("load_format", "auto"),
         )
 

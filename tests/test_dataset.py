@@ -11,7 +11,7 @@ from click.testing import CliRunner
 pytest.importorskip("pyarrow")
 import pyarrow.parquet as pq
 
-from models.dataset import GridSpec, build_dataset, read_dataset, work_dir_for
+from models.dataset import GridSpec, build_dataset, read_dataset, run_scenario, work_dir_for
 from planner.cli import main
 from twin import load_profile
 from twin.errors import BadInputError
@@ -117,3 +117,67 @@ def test_sigterm_stops_cleanly_and_keeps_the_rows(tmp_path):
     rows = pq.read_table(out).num_rows
     assert 0 < rows < len(GridSpec.from_dict(json.loads(grid.read_text()) | {"name": "g"}).points())
     assert work_dir_for(out).is_dir()
+
+
+def test_a_client_cap_is_recorded_and_binds_only_where_requests_pile_up():
+    prof = load_profile(LLAMA)
+    grid = GridSpec.from_dict({"name": "tiny", **TINY})
+    assert "max_in_flight" not in grid.to_dict()  # uncapped builds keep their old build state
+    capped = GridSpec.from_dict({**grid.to_dict(), "max_in_flight": 40})
+    assert capped.to_dict()["max_in_flight"] == 40
+    with pytest.raises(BadInputError, match="max_in_flight"):
+        GridSpec.from_dict({"name": "bad", **TINY, "max_in_flight": -1})
+    overload = (4, 2, (100.0, 100.0), (16,))  # ~800 requests/s against one GPU
+    free, cap = (run_scenario(g, prof, 0, overload) for g in (grid, capped))
+    # the same arrivals; with at most 40 in flight the batch, and so ITL and throughput, stay small
+    assert cap["arrived_requests"] == free["arrived_requests"]
+    assert 0 < cap["throughput_tok_s"] < free["throughput_tok_s"]
+    assert cap["itl_ms"] < free["itl_ms"]
+    light = (2, 2, (0.5, 0.2), (8,))
+    a, b = (run_scenario(g, prof, 1, light) for g in (grid, capped))
+    a.pop("sim_wall_s"), b.pop("sim_wall_s")
+    assert a == b
+
+
+def test_a_capped_build_records_its_cap_and_resumes_only_with_it(tmp_path):
+    prof = load_profile(LLAMA)
+    out, grid = tmp_path / "c.parquet", tmp_path / "tiny.json"
+    grid.write_text(json.dumps(TINY))
+    res = CliRunner().invoke(main, ["dataset", "build", "--profile", LLAMA, "--grid", str(grid), "--limit", "2",
+                                    "--max-in-flight", "100", "--out", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(pq.read_schema(out).metadata[b"lora_planner"])["grid"]["max_in_flight"] == 100
+    capped = GridSpec.from_dict({"name": "tiny", **TINY, "max_in_flight": 100})
+    with pytest.raises(BadInputError, match=r"differs in grid\.max_in_flight"):
+        build_dataset(prof, GridSpec.from_dict({"name": "tiny", **TINY}), out, limit=3, progress=False)
+    assert build_dataset(prof, capped, out, limit=3, progress=False).new_rows == 1
+    free = build_dataset(prof, GridSpec.from_dict({"name": "tiny", **TINY}), tmp_path / "f.parquet", limit=2,
+                         progress=False)
+    with pytest.raises(BadInputError, match="client cap of 0 requests in flight"):
+        read_dataset([out, free.out], prof)
+
+
+def test_a_capped_dataset_never_trains_or_serves_the_planners_surrogate(tmp_path, monkeypatch):
+    import shutil
+
+    from models.surrogate import artifact_metadata, surrogate_dir
+    from models.train import train_surrogates
+    from twin.errors import ProfileError
+
+    prof, qwen = load_profile(LLAMA), load_profile("h100-64gb-qwen2.5-7b")
+    build_dataset(prof, GridSpec.from_dict({"name": "tiny", **TINY, "max_in_flight": 100}), tmp_path / "c.parquet",
+                  limit=3, progress=False)
+    shipped_qwen = surrogate_dir(qwen.profile_id)
+    monkeypatch.setenv("LORA_PLANNER_ARTIFACTS", str(tmp_path / "artifacts"))
+    with pytest.raises(BadInputError, match="client cap of 100"):
+        train_surrogates([tmp_path / "c.parquet"], prof, surrogate_dir(LLAMA))
+    assert not surrogate_dir(LLAMA).exists()
+    # an artifact trained on a capped dataset, put where the planner looks
+    shutil.copytree(shipped_qwen, surrogate_dir(qwen.profile_id))
+    meta_path = surrogate_dir(qwen.profile_id) / "surrogate.json"
+    meta = json.loads(meta_path.read_text())
+    meta["dataset"]["files"][0]["grid"]["max_in_flight"] = 28232
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(ProfileError, match="client cap of 28232"):
+        artifact_metadata(qwen)
+    assert artifact_metadata(qwen, surrogate_dir(qwen.profile_id))["dataset"]["files"][0]["grid"]["max_in_flight"]

@@ -244,6 +244,7 @@ def test_a_cuda_profile_is_validated_on_the_engine_it_was_measured_on(tmp_path):
     argv = cfg.argv(1)
     assert argv[argv.index("--load-format") + 1] == "dummy" and "--kv-cache-memory-bytes" not in argv
     assert cfg.environment()["CUDA_VISIBLE_DEVICES"] == "1"
+    assert Validator(profile_from_dict(doc), str(model), tmp_path / "v", gpu=3).engine_config(8, 16).gpu == 3
 
 
 def test_profile_on_cuda_sizes_its_batches_for_a_gpu(tmp_path, monkeypatch):
@@ -261,13 +262,26 @@ def test_profile_on_cuda_sizes_its_batches_for_a_gpu(tmp_path, monkeypatch):
     monkeypatch.setattr(profiling, "profile_engine", fake_profile_engine)
     model = synth.write_model(tmp_path / "m", synth.ModelShape(), weights=False)
     common = ["--model", str(model), "--out", str(tmp_path / "p.json"), "--work-dir", str(tmp_path / "w")]
-    res = CliRunner().invoke(cli_harness.profile, [*common, "--engine", "cuda", "--max-num-seqs", "512"])
-    assert res.exit_code == 0 and seen["spec"].batch_sizes == (1, 8, 32, 64, 128, 256)
-    assert seen["spec"].lora_batch_sizes == (8, 32, 64) and seen["spec"].device == "cuda"
-    res = CliRunner().invoke(cli_harness.profile, common)
-    assert seen["spec"].batch_sizes == (1, 2, 4, 8, 16, 32, 48) and seen["spec"].lora_batch_sizes == (8, 16, 32)
-    res = CliRunner().invoke(cli_harness.profile, [*common, "--engine", "cuda"])  # --max-num-seqs 64
+
+    def spec(*args):
+        seen.clear()
+        res = CliRunner().invoke(cli_harness.profile, [*common, *args])
+        return res, seen.get("spec")
+
+    res, cuda = spec("--engine", "cuda")
+    assert res.exit_code == 0 and cuda.batch_sizes == (1, 8, 32, 64, 128, 256) and cuda.lora_batch_sizes == (8, 32, 64)
+    assert (cuda.device, cuda.max_num_seqs, cuda.max_num_batched_tokens) == ("cuda", 512, 2048)
+    assert cuda.max_model_len == 8192
+    assert (cuda.gpu_memory_utilization, cuda.kv_cache_bytes) == (0.9, None)  # vLLM sizes the KV cache
+    res, cpu = spec()
+    assert res.exit_code == 0 and cpu.batch_sizes == (1, 2, 4, 8, 16, 32, 48) and cpu.lora_batch_sizes == (8, 16, 32)
+    assert (cpu.max_num_seqs, cpu.kv_cache_bytes, cpu.gpu_memory_utilization) == (64, 4 << 20, None)
+    res, explicit = spec("--engine", "cuda", "--kv-cache-bytes", "1000000", "--batch-sizes", "16,8,16")
+    assert (explicit.kv_cache_bytes, explicit.gpu_memory_utilization, explicit.batch_sizes) == (1000000, None, (8, 16))
+    res, _ = spec("--engine", "cuda", "--max-num-seqs", "64")
     assert res.exit_code == 2 and "--batch-sizes go up to 256, above --max-num-seqs 64" in res.output
+    res, _ = spec("--batch-sizes", "1,2,4")
+    assert res.exit_code == 2 and "a batch of at least 8" in res.output
 
 
 def test_machine_facts_name_the_gpu_nvidia_smi_reports(tmp_path, monkeypatch):
@@ -278,6 +292,8 @@ def test_machine_facts_name_the_gpu_nvidia_smi_reports(tmp_path, monkeypatch):
     smi = tmp_path / "nvidia-smi"
     smi.write_text("#!/bin/sh\necho 'NVIDIA H100 80GB HBM3, 81559, 580.159.04'\n")
     smi.chmod(0o755)
-    facts = machine_facts("cuda")
-    assert (facts["accelerator"], facts["count"], facts["memory_gib"]) == ("NVIDIA H100 80GB HBM3", 1, 79.65)
+    facts = machine_facts("cuda", 2)
+    assert (facts["accelerator"], facts["gpu_index"], facts["memory_gib"]) == ("NVIDIA H100 80GB HBM3", 2, 79.65)
+    smi.write_text("#!/bin/sh\necho 'NVIDIA H100 80GB HBM3, [N/A], 580.159.04'\n")
+    assert machine_facts("cuda")["accelerator"] == "CUDA GPU (nvidia-smi unavailable)"
     assert machine_facts("cpu")["accelerator"] == "none (CPU)"
