@@ -141,7 +141,7 @@ def profile(device, model_dir, out, profile_id, work_dir, kv_cache_bytes, gpu_me
     experiment's raw result under --work-dir as it completes (rerun to resume), fits every term,
     calibrates the step latency on --calibration-cases Poisson workloads and writes the profile to
     --out. Takes about 30 minutes on 2 CPU cores with the tiny model; on an H100 with an 8B model
-    each of the 17 engine start-ups takes about 2 minutes (vLLM 0.22: torch.compile, CUDA graphs).
+    each engine start-up takes about 2 minutes (vLLM 0.22: torch.compile, CUDA graphs).
 
     \b
     Examples:
