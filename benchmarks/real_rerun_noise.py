@@ -37,6 +37,12 @@ def real_figures(work_dir: Path) -> dict[str, dict]:
     return cases
 
 
+def _shown(path: Path) -> str:
+    """``path`` relative to the repository when inside it (no machine paths in the artifact)."""
+    p = path.resolve()
+    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(path)
+
+
 def compare(a: dict[str, dict], b: dict[str, dict], ids: list[str]) -> dict:
     out = {"cases": len(ids)}
     for name, key in METRICS.items():
@@ -59,7 +65,7 @@ def main() -> None:
     ids = sorted(set(a) & set(b))
     starved_in_a = [i for i in ids if a[i]["starved"]]
     result = {
-        "a": str(args.a), "b": str(args.b), "smape": "standard: 100*mean(2|a-b|/(|a|+|b|))",
+        "a": _shown(args.a), "b": _shown(args.b), "smape": "standard: 100*mean(2|a-b|/(|a|+|b|))",
         "all": compare(a, b, ids),
         "starved_in_a": compare(a, b, starved_in_a) if starved_in_a else None,
         "not_starved_in_a": compare(a, b, [i for i in ids if not a[i]["starved"]]),
