@@ -25,7 +25,8 @@ sys.path.insert(0, str(ROOT))
 
 from serving_harness.synth import ATTENTION_MODULES, MLP_MODULES, SHAPES, ModelShape
 from twin import load_profile
-from twin.atomic import write_json_atomic
+from twin.atomic import recorded_path, write_json_atomic
+from twin.profile import KVCapacity
 
 GIB = 1024**3
 LOADED = re.compile(r"Model loading took ([0-9.]+) GiB")
@@ -60,10 +61,9 @@ def read_logs(logs: Path) -> dict[tuple[int, int], dict[str, float]]:
     return points
 
 
-def study_slope(profile_id: str, rank: int, a0: int, a1: int) -> tuple[float, list[int]] | None:
+def study_slope(kv: KVCapacity, rank: int, a0: int, a1: int) -> tuple[float, list[int]] | None:
     """Tokens per slot in a published profile's KV table over its points in [a0, a1] where the engine
     started, and the A_max range used (None if fewer than two)."""
-    kv = load_profile(profile_id).kv
     pts = [(a, t) for a, t in zip(kv.a_max_points, kv.tokens.get(rank, [])) if t is not None and a0 <= a <= a1]
     if len(pts) < 2:
         return None
@@ -83,6 +83,7 @@ def main() -> None:
     if not points:
         sys.exit(f"no start-up logs with KV lines under {args.data}/logs")
     token_bytes = shape.kv_bytes_per_token
+    study_kv = load_profile(args.study_profile).kv
     ranks = {}
     for rank in sorted({r for _, r in points if r}):
         pts = sorted((a_max, v) for (a_max, r), v in points.items() if r == rank)
@@ -91,7 +92,7 @@ def main() -> None:
         loaded_mib = -slope([(a, v["loaded_gib"]) for a, v in pts]) * GIB / 2**20
         kv_tokens = slope([(a, v["kv_tokens"]) for a, v in pts])
         expected = slot_bytes(shape, rank)
-        study = study_slope(args.study_profile, rank, pts[0][0], pts[-1][0])
+        study = study_slope(study_kv, rank, pts[0][0], pts[-1][0])
         ranks[str(rank)] = {
             "a_max": [pts[0][0], pts[-1][0]],
             "loaded_mib_per_slot": round(loaded_mib, 2),
@@ -105,8 +106,7 @@ def main() -> None:
         }
     no_lora = points.get((0, 0))
     result = {
-        "data": str(Path(args.data).resolve().relative_to(ROOT)) if Path(args.data).resolve().is_relative_to(ROOT)
-        else args.data,
+        "data": recorded_path(args.data, ROOT),
         "shape": args.shape, "kv_bytes_per_token": token_bytes, "study_profile": args.study_profile,
         "no_lora_kv_tokens": no_lora and no_lora["kv_tokens"],
         "points": {f"a{a}-r{r}": v for (a, r), v in sorted(points.items())},

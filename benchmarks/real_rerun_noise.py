@@ -19,7 +19,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from twin.atomic import write_json_atomic
+from twin.atomic import recorded_path, write_json_atomic
 from twin.metrics import smape
 
 MEASURED = ROOT / "datasets" / "measured" / "cpu-2core-tiny-llama"
@@ -35,12 +35,6 @@ def real_figures(work_dir: Path) -> dict[str, dict]:
     if not cases:
         sys.exit(f"{work_dir}: no stored cases (cases/*.json of `planner validate`)")
     return cases
-
-
-def _shown(path: Path) -> str:
-    """``path`` relative to the repository when inside it (no machine paths in the artifact)."""
-    p = path.resolve()
-    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(path)
 
 
 def compare(a: dict[str, dict], b: dict[str, dict], ids: list[str]) -> dict:
@@ -65,7 +59,7 @@ def main() -> None:
     ids = sorted(set(a) & set(b))
     starved_in_a = [i for i in ids if a[i]["starved"]]
     result = {
-        "a": _shown(args.a), "b": _shown(args.b), "smape": "standard: 100*mean(2|a-b|/(|a|+|b|))",
+        "a": recorded_path(args.a, ROOT), "b": recorded_path(args.b, ROOT), "smape": "standard: 100*mean(2|a-b|/(|a|+|b|))",
         "all": compare(a, b, ids),
         "starved_in_a": compare(a, b, starved_in_a) if starved_in_a else None,
         "not_starved_in_a": compare(a, b, [i for i in ids if not a[i]["starved"]]),

@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from models.metrics import macro_f1, smape
 from models.realruns import load_real_runs
-from models.surrogate import SurrogatePredictor, artifact_metadata, has_artifact
+from models.surrogate import SurrogatePredictor, artifact_metadata, client_cap, has_artifact
 from twin import load_profile
 from twin.atomic import write_json_atomic
 
@@ -49,19 +49,16 @@ def main(argv=None) -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "artifacts" / "benchmarks" / "surrogate_accuracy.json")
     args = ap.parse_args(argv)
     table = []
-    artifacts = [(pid, None) for pid in args.profile]
-    if QWEN in args.profile and has_artifact(load_profile(QWEN), STUDY_CLIENT_DIR):
-        artifacts.append((QWEN, STUDY_CLIENT_DIR))
+    artifacts = [(pid, None) for pid in args.profile] + ([(QWEN, STUDY_CLIENT_DIR)] if QWEN in args.profile else [])
     for pid, directory in artifacts:
         profile = load_profile(pid)
         if not has_artifact(profile, directory):
-            print(f"{pid}: no surrogate artifact, skipped")
+            print(f"{pid}: no surrogate artifact{'' if directory is None else f' in {directory}'}, skipped")
             continue
         meta = artifact_metadata(profile, directory)
         label = pid if directory is None else f"{pid} ({directory.name})"
-        caps = sorted({f["grid"].get("max_in_flight", 0) for f in meta["dataset"]["files"]})
         entry = {"profile": pid, "artifact": str(directory.relative_to(ROOT)) if directory else "shipped",
-                 "dataset_client_cap": caps[-1] or None, "dataset_rows": meta["dataset"]["rows"], "trained": {},
+                 "dataset_client_cap": client_cap(meta["dataset"]["files"]) or None, "dataset_rows": meta["dataset"]["rows"], "trained": {},
                  "study": STUDY.get(pid)}
         for target, models in meta["results"].items():
             for name, m in models.items():

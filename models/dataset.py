@@ -42,7 +42,7 @@ import numpy as np
 
 from models.features import N_FEATURES, engine_terms, fill_features
 from models.progress import Progress
-from models.surrogate import simulation_hash
+from models.surrogate import client_cap, simulation_hash
 from twin.atomic import write_bytes_atomic, write_json_atomic
 from twin.errors import BadInputError
 from twin.policies.memory import kv_capacity
@@ -471,10 +471,9 @@ def read_dataset(paths: Iterable[str | Path], profile: Profile, policy: PolicySp
         if meta.get("policy") != policy_record(policy):
             raise BadInputError(f"{path}: built for serving policy {policy_label(meta.get('policy'))}, "
                                 f"not {policy_label(policy_record(policy))}")
-        if metas and meta["grid"].get("max_in_flight", 0) != metas[0]["grid"].get("max_in_flight", 0):
-            raise BadInputError(f"{path}: built with a client cap of {meta['grid'].get('max_in_flight', 0)} "
-                                f"requests in flight, {paths_seen[0]} with {metas[0]['grid'].get('max_in_flight', 0)} "
-                                f"(0: none); train on datasets of one client")
+        if metas and client_cap([meta]) != client_cap(metas[:1]):
+            raise BadInputError(f"{path}: built with a client cap of {client_cap([meta])} requests in flight, "
+                                f"{paths_seen[0]} with {client_cap(metas[:1])} (0: none); train on datasets of one client")
         if meta["profile_hash"] != simulation_hash(profile, policy):
             raise BadInputError(f"{path}: built with another version of profile {profile.profile_id} (simulation "
                                 f"hash {meta['profile_hash']}, now {simulation_hash(profile, policy)}); rebuild it")

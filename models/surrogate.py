@@ -121,6 +121,12 @@ def _rebuild_hint(profile: Profile, policy: PolicySpec | None) -> tuple[str, str
     return train, f"rebuild it with `{train}`"
 
 
+def client_cap(dataset_files: list[dict[str, Any]]) -> int:
+    """The largest cap on requests in flight the twin's client had in the datasets described by
+    ``dataset_files`` (their build metadata; 0: none, as in production)."""
+    return max((f.get("grid", {}).get("max_in_flight", 0) for f in dataset_files), default=0)
+
+
 def artifact_metadata(profile: Profile, directory: str | Path | None = None,
                       policy: PolicySpec | None = None) -> dict[str, Any]:
     """The metadata of ``profile``'s artifact under serving ``policy`` (None: stock vLLM), checked
@@ -152,7 +158,7 @@ def artifact_metadata(profile: Profile, directory: str | Path | None = None,
                            f"{list(FEATURES)}; {rebuild}")
     if not isinstance(meta.get("arrays_sha256"), str):
         raise ProfileError(f"{d / METADATA_FILE}: no arrays_sha256; {rebuild}")
-    cap = max((f.get("grid", {}).get("max_in_flight", 0) for f in meta.get("dataset", {}).get("files", [])), default=0)
+    cap = client_cap(meta.get("dataset", {}).get("files", []))
     if cap and directory is None:
         raise ProfileError(f"{d}: surrogate was trained with a client cap of {cap} requests in flight (a measurement "
                            f"client), not for planning; {rebuild}")

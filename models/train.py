@@ -39,7 +39,14 @@ from models import DEFAULT_KERNEL_ROWS
 from models.dataset import read_dataset
 from models.features import ARRIVING, N_FEATURES, engine_terms, fill_features, throughput_base
 from models.metrics import macro_f1, smape
-from models.surrogate import METADATA_FILE, SurrogatePredictor, save_artifact, simulation_hash, surrogate_dir
+from models.surrogate import (
+    METADATA_FILE,
+    SurrogatePredictor,
+    client_cap,
+    save_artifact,
+    simulation_hash,
+    surrogate_dir,
+)
 from models.trees import compile_sklearn, count_rules
 from twin.atomic import write_json_atomic
 from twin.errors import BadInputError
@@ -259,9 +266,9 @@ def train_surrogates(dataset_paths, profile, out_dir, *, search: str = "reduced"
     if "rf" not in models:
         raise BadInputError("the random forest ('rf') is the model that ships; keep it in --models")
     ds = read_dataset(dataset_paths, profile, policy)
-    caps = sorted({f["grid"].get("max_in_flight", 0) for f in ds.metadata["files"]})
-    if caps != [0] and Path(out_dir).resolve() == surrogate_dir(profile.profile_id, policy).resolve():
-        raise BadInputError(f"the dataset was built with a client cap of {caps[-1]} requests in flight (a measurement "
+    cap = client_cap(ds.metadata["files"])
+    if cap and Path(out_dir).resolve() == surrogate_dir(profile.profile_id, policy).resolve():
+        raise BadInputError(f"the dataset was built with a client cap of {cap} requests in flight (a measurement "
                             f"client, not production traffic); the planner would use a surrogate trained on it, so "
                             f"write it elsewhere with --out")
     base = np.array([throughput_base(x) for x in ds.X])

@@ -32,7 +32,7 @@ from serving_harness.engine import Engine, EngineConfig
 from serving_harness.loadgen import measure, run_load, summarise
 from serving_harness.metrics import fetch_samples, series_values
 from serving_harness.synth import model_shape, write_adapters
-from twin.atomic import json_safe, write_bytes_atomic, write_json_atomic, write_text_atomic
+from twin.atomic import json_safe, recorded_path, write_bytes_atomic, write_json_atomic, write_text_atomic
 from twin.errors import BadInputError
 from twin.metrics import smape
 from twin.profile import Profile, artifacts_dir, profiles_dir
@@ -331,9 +331,8 @@ def record_summary(profile_id: str, profile: Profile, summary: dict, table: Path
     profile JSON (``profile_id`` when it is a path, else the shipped profile)."""
     profile_path = Path(profile_id) if Path(profile_id).is_file() else profiles_dir() / f"{profile.profile_id}.json"
     data = json.loads(profile_path.read_text(encoding="utf-8"))
-    table, root = table.resolve(), artifacts_dir().resolve().parent
-    where = table.relative_to(root) if table.is_relative_to(root) else table
-    data["validation"] = json_safe({**summary, "table": str(where), "command": command,
+    where = recorded_path(table, artifacts_dir().parent)
+    data["validation"] = json_safe({**summary, "table": where, "command": command,
                                     "date": time.strftime("%Y-%m-%d")})
     write_json_atomic(profile_path, data)
 

@@ -1,4 +1,5 @@
-"""Atomic file output: write to a temporary file beside the target, then rename over it."""
+"""Atomic file output (write to a temporary file beside the target, then rename over it), and how
+outputs name the files they came from."""
 
 from __future__ import annotations
 
@@ -46,3 +47,10 @@ def json_safe(obj: Any) -> Any:
 
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
     write_text_atomic(path, json.dumps(obj, indent=1, allow_nan=False) + "\n")
+
+
+def recorded_path(path: str | os.PathLike, root: str | os.PathLike) -> str:
+    """``path`` as an output records it: relative to ``root`` (the repository) when inside it, so no
+    machine's absolute path is written into a shipped file."""
+    p, r = Path(path).resolve(), Path(root).resolve()
+    return str(p.relative_to(r)) if p.is_relative_to(r) else str(path)
