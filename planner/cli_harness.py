@@ -199,6 +199,9 @@ def profile(device, model_dir, out, profile_id, work_dir, kv_cache_bytes, gpu_me
 @click.option("--seed", type=int, default=2024, show_default=True, help="Seed of the workload set.")
 @click.option("--work-dir", type=click.Path(file_okay=False), default=None,
               help="Per-case results, request/metric parquet, logs; rerun resumes [default: validation-work/ID].")
+@click.option("--workloads-of", "workloads_of", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Run the very workloads another work dir ran (its workloads.json; sets --cases and --seed): "
+                   "how far two real runs differ, or calibration runs redone on today's machine.")
 @click.option("--out-dir", type=click.Path(file_okay=False), default=None,
               help="table.json, table.csv, twin_vs_real.png [default: artifacts/validation/ID].")
 @click.option("--python", "python", default=None, help="Python that has vLLM [default: this one].")
@@ -207,8 +210,8 @@ def profile(device, model_dir, out, profile_id, work_dir, kv_cache_bytes, gpu_me
 @click.option("--record", is_flag=True, help="Also store the summary in the profile JSON's `validation` field.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @user_errors
-def validate(profile_id, model_dir, cases, duration, warmup, seed, work_dir, out_dir, python, gpu, record,
-             as_json) -> None:
+def validate(profile_id, model_dir, cases, duration, warmup, seed, work_dir, workloads_of, out_dir, python, gpu,
+             record, as_json) -> None:
     """Run workloads the profile was not fitted on, on real vLLM and in the twin, and compare.
 
     Each workload (Poisson arrivals, skewed per-adapter rates, 1-8 GPU slots, light to overloaded)
@@ -216,8 +219,10 @@ def validate(profile_id, model_dir, cases, duration, warmup, seed, work_dir, out
     throughput / ITL / TTFT SMAPE (100·mean(2|p−r|/(|p|+|r|))) per regime and starved agreement.
 
     \b
-    Example:
+    Examples:
       planner validate --profile cpu-2core-tiny-llama --model work/tiny/model --cases 32
+      planner validate --profile cpu-2core-tiny-llama --model work/tiny/model \\
+          --workloads-of validation-work/cpu-2core-tiny-llama --work-dir validation-work/rerun
     """
     from serving_harness.validation import Validator
     from twin.errors import BadInputError
@@ -229,6 +234,11 @@ def validate(profile_id, model_dir, cases, duration, warmup, seed, work_dir, out
         raise BadInputError(f"model directory {model!r} not found; pass --model (e.g. from `planner synth`)")
     work = Path(work_dir) if work_dir else Path("validation-work") / prof.profile_id
     validator = Validator(prof, str(Path(model)), work, duration, warmup, python, _progress_bar("validating"), gpu)
+    if workloads_of:
+        cases, seed = validator.adopt_workloads(workloads_of)
+    if record and seed == prof.provenance.get("calibration", {}).get("seed"):
+        raise BadInputError(f"seed {seed} draws the workloads profile {prof.profile_id} was calibrated on; "
+                            "a validation record needs held-apart ones (another --seed)")
     rows = validator.compare(validator.run(validator.workload_set(cases, seed)))
     _write_table(profile_id, prof, rows, out_dir, duration, warmup, seed, record, as_json)
 

@@ -154,6 +154,21 @@ class Validator:
         write_json_atomic(path, {"count": n, "seed": seed, "cases": [asdict(c) for c in cases]})
         return cases
 
+    def adopt_workloads(self, source_dir: str | os.PathLike) -> tuple[int, int]:
+        """Take the workloads another work dir ran (its ``workloads.json``), to run the very same requests
+        again (run-to-run spread, or a calibration on today's machine); returns their (count, seed)."""
+        src = Path(source_dir) / "workloads.json"
+        if not src.is_file():
+            raise BadInputError(f"{source_dir}: no workloads.json (not a `planner validate` or calibration work dir)")
+        text = src.read_text(encoding="utf-8")
+        saved = json.loads(text)
+        path = self.work_dir / "workloads.json"
+        if path.is_file() and json.loads(path.read_text(encoding="utf-8")) != saved:
+            raise BadInputError(f"{self.work_dir} holds runs of other workloads than {source_dir}; use another work dir")
+        if not path.is_file():
+            write_text_atomic(path, text)
+        return saved["count"], saved["seed"]
+
     def _case_path(self, case: ValidationCase) -> Path:
         return self.work_dir / "cases" / f"{case.case_id}.json"
 
