@@ -192,7 +192,9 @@ def recalibrate(path: str | Path, command: str, runs_dir: str | Path | None = No
     runs_dir = Path(runs_dir or previous["runs"])
     if not (runs_dir / "cases").is_dir():
         raise BadInputError(f"{runs_dir}: no stored calibration runs (cases/ and runs/ of `planner profile`)")
-    meta = {"seed": previous.get("seed"), "runs": str(runs_dir), "command": command, "date": time.strftime("%Y-%m-%d")}
+    drawn = runs_dir / "workloads.json"  # the seed of the runs fitted, which may be another set than before
+    seed = json.loads(drawn.read_text(encoding="utf-8"))["seed"] if drawn.is_file() else previous.get("seed")
+    meta = {"seed": seed, "runs": str(runs_dir), "command": command, "date": time.strftime("%Y-%m-%d")}
     data = calibrated_profile({**data, "step_latency_ms": micro}, load_runs(runs_dir), previous["duration_s"],
                               previous["warmup_s"], meta)
     data.pop("validation", None)

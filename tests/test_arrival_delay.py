@@ -130,3 +130,11 @@ def test_offline_calibrate_and_rescore_from_stored_runs(tmp_path, make_profile):
 
     out = runner.invoke(planner_cli, ["rescore", "--profile", str(path), "--work-dir", str(cal)])
     assert out.exit_code == 2 and "calibrated on" in out.output
+
+    # refitted to another set of runs, the profile records that set's seed (the one `validate --record` refuses)
+    other = tmp_path / "other-calibration"
+    store_runs(other, synthetic_runs(prof, 20))
+    (other / "workloads.json").write_text(json.dumps({"count": 3, "seed": 8, "cases": []}), encoding="utf-8")
+    out = runner.invoke(planner_cli, ["calibrate", "--profile", str(path), "--runs", str(other)])
+    assert out.exit_code == 0, out.output
+    assert json.loads(path.read_text(encoding="utf-8"))["provenance"]["calibration"]["seed"] == 8
