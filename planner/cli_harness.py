@@ -191,12 +191,12 @@ def profile(device, model_dir, out, profile_id, work_dir, kv_cache_bytes, gpu_me
 @click.option("--profile", "profile_id", required=True, help="Profile id or JSON path to check.")
 @click.option("--model", "model_dir", type=click.Path(exists=True, file_okay=False), default=None,
               help="Model directory [default: the one the profile was measured with].")
-@click.option("--cases", type=click.IntRange(min=1), default=32, show_default=True, help="Number of workloads.")
+@click.option("--cases", type=click.IntRange(min=1), default=None, help="Number of workloads [default: 32].")
 @click.option("--duration", type=click.FloatRange(min=1), default=30.0, show_default=True,
               help="Seconds of arrivals per workload.")
 @click.option("--warmup", type=click.FloatRange(min=0), default=5.0, show_default=True,
               help="Seconds excluded from the measurement window.")
-@click.option("--seed", type=int, default=2024, show_default=True, help="Seed of the workload set.")
+@click.option("--seed", type=int, default=None, help="Seed of the workload set [default: 2024].")
 @click.option("--work-dir", type=click.Path(file_okay=False), default=None,
               help="Per-case results, request/metric parquet, logs; rerun resumes [default: validation-work/ID].")
 @click.option("--workloads-of", "workloads_of", type=click.Path(exists=True, file_okay=False), default=None,
@@ -224,21 +224,27 @@ def validate(profile_id, model_dir, cases, duration, warmup, seed, work_dir, wor
       planner validate --profile cpu-2core-tiny-llama --model work/tiny/model \\
           --workloads-of validation-work/cpu-2core-tiny-llama --work-dir validation-work/rerun
     """
-    from serving_harness.validation import Validator
+    from serving_harness.validation import Validator, refuse_calibration_workloads, stored_workloads
     from twin.errors import BadInputError
     from twin.profile import load_profile
 
     prof = load_profile(profile_id)
+    saved = stored_workloads(workloads_of) if workloads_of else None
+    if saved:
+        for flag, given, stored in (("--cases", cases, saved["count"]), ("--seed", seed, saved["seed"])):
+            if given is not None and given != stored:
+                raise BadInputError(f"{flag} {given}: {workloads_of} ran {stored}; leave {flag} out with --workloads-of")
+        cases, seed = saved["count"], saved["seed"]
+    cases, seed = cases or 32, 2024 if seed is None else seed
+    if record:
+        refuse_calibration_workloads(prof, seed, "--record")
     model = model_dir or prof.model.get("path")
     if not model or not Path(model).is_dir():
         raise BadInputError(f"model directory {model!r} not found; pass --model (e.g. from `planner synth`)")
     work = Path(work_dir) if work_dir else Path("validation-work") / prof.profile_id
     validator = Validator(prof, str(Path(model)), work, duration, warmup, python, _progress_bar("validating"), gpu)
-    if workloads_of:
-        cases, seed = validator.adopt_workloads(workloads_of)
-    if record and seed == prof.provenance.get("calibration", {}).get("seed"):
-        raise BadInputError(f"seed {seed} draws the workloads profile {prof.profile_id} was calibrated on; "
-                            "a validation record needs held-apart ones (another --seed)")
+    if saved:
+        validator.adopt_workloads(saved, workloads_of)
     rows = validator.compare(validator.run(validator.workload_set(cases, seed)))
     _write_table(profile_id, prof, rows, out_dir, duration, warmup, seed, record, as_json)
 
@@ -273,8 +279,9 @@ def _write_table(profile_id, prof, rows, out_dir, duration, warmup, seed, record
 def calibrate(profile_path, runs_dir, as_json) -> None:
     """Refit a profile's step-latency calibration (scales, arrival delay) to its stored runs, without vLLM.
 
-    The runs are those `planner profile` made after fitting (calibration cases); the fit and the
-    command are recorded in the profile's provenance. Rerun `planner rescore --record` afterwards.
+    The runs are those `planner profile` made after fitting (calibration cases), or any `planner validate`
+    work dir (`--runs`), e.g. the calibration workloads rerun with `--workloads-of`; the fit, the runs'
+    seed and the command are recorded in the profile's provenance. Rerun `planner rescore --record` afterwards.
 
     \b
     Example:
@@ -316,15 +323,14 @@ def rescore(profile_id, work_dir, out_dir, duration, warmup, record, as_json) ->
     \b
     Example:
       planner rescore --profile cpu-2core-tiny-llama \\
-          --work-dir datasets/measured/cpu-2core-tiny-llama/validation --record
+          --work-dir datasets/measured/cpu-2core-tiny-llama/validation-rerun --record
     """
-    import json
-
-    from serving_harness.validation import compare, stored_rows
+    from serving_harness.validation import compare, refuse_calibration_workloads, stored_rows, stored_workloads
     from twin.profile import load_profile
 
     prof, work = load_profile(profile_id), Path(work_dir)
+    seed = stored_workloads(work)["seed"] if (work / "workloads.json").is_file() else None
+    if record:
+        refuse_calibration_workloads(prof, seed, str(work))
     rows = compare(prof, work, stored_rows(prof, work), duration, warmup)
-    saved = work / "workloads.json"
-    seed = json.loads(saved.read_text(encoding="utf-8"))["seed"] if saved.is_file() else None
     _write_table(profile_id, prof, rows, out_dir, duration, warmup, seed, record, as_json)

@@ -189,11 +189,13 @@ def recalibrate(path: str | Path, command: str, runs_dir: str | Path | None = No
     if not previous or micro is None:
         raise BadInputError(f"{path}: not a calibrated profile (no provenance.calibration or no "
                             "'microbenchmarks' latency variant); calibrate it with `planner profile`")
+    same_runs = runs_dir is None or Path(runs_dir).resolve() == Path(previous["runs"]).resolve()
     runs_dir = Path(runs_dir or previous["runs"])
     if not (runs_dir / "cases").is_dir():
         raise BadInputError(f"{runs_dir}: no stored calibration runs (cases/ and runs/ of `planner profile`)")
     drawn = runs_dir / "workloads.json"  # the seed of the runs fitted, which may be another set than before
-    seed = json.loads(drawn.read_text(encoding="utf-8"))["seed"] if drawn.is_file() else previous.get("seed")
+    seed = json.loads(drawn.read_text(encoding="utf-8"))["seed"] if drawn.is_file() else (
+        previous.get("seed") if same_runs else None)
     meta = {"seed": seed, "runs": str(runs_dir), "command": command, "date": time.strftime("%Y-%m-%d")}
     data = calibrated_profile({**data, "step_latency_ms": micro}, load_runs(runs_dir), previous["duration_s"],
                               previous["warmup_s"], meta)

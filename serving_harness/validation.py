@@ -154,20 +154,14 @@ class Validator:
         write_json_atomic(path, {"count": n, "seed": seed, "cases": [asdict(c) for c in cases]})
         return cases
 
-    def adopt_workloads(self, source_dir: str | os.PathLike) -> tuple[int, int]:
-        """Take the workloads another work dir ran (its ``workloads.json``), to run the very same requests
-        again (run-to-run spread, or a calibration on today's machine); returns their (count, seed)."""
-        src = Path(source_dir) / "workloads.json"
-        if not src.is_file():
-            raise BadInputError(f"{source_dir}: no workloads.json (not a `planner validate` or calibration work dir)")
-        text = src.read_text(encoding="utf-8")
-        saved = json.loads(text)
+    def adopt_workloads(self, saved: dict, source_dir: str | os.PathLike) -> None:
+        """Run the workloads ``saved`` (:func:`stored_workloads` of ``source_dir``) here, the very same requests
+        again: how far two real runs differ, or calibration runs redone on today's machine."""
         path = self.work_dir / "workloads.json"
-        if path.is_file() and json.loads(path.read_text(encoding="utf-8")) != saved:
-            raise BadInputError(f"{self.work_dir} holds runs of other workloads than {source_dir}; use another work dir")
         if not path.is_file():
-            write_text_atomic(path, text)
-        return saved["count"], saved["seed"]
+            write_json_atomic(path, saved)
+        elif json.loads(path.read_text(encoding="utf-8")) != saved:
+            raise BadInputError(f"{self.work_dir} holds runs of other workloads than {source_dir}; use another work dir")
 
     def _case_path(self, case: ValidationCase) -> Path:
         return self.work_dir / "cases" / f"{case.case_id}.json"
@@ -350,6 +344,22 @@ def record_summary(profile_id: str, profile: Profile, summary: dict, table: Path
     data["validation"] = json_safe({**summary, "table": where, "command": command,
                                     "date": time.strftime("%Y-%m-%d")})
     write_json_atomic(profile_path, data)
+
+
+def stored_workloads(work_dir: str | os.PathLike) -> dict:
+    """The workload set a work dir ran (its ``workloads.json``: count, seed, cases)."""
+    path = Path(work_dir) / "workloads.json"
+    if not path.is_file():
+        raise BadInputError(f"{work_dir}: no workloads.json (not a `planner validate` or calibration work dir)")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def refuse_calibration_workloads(profile: Profile, seed: int | None, where: str) -> None:
+    """A validation record must come from held-apart workloads, not from the seed the profile was calibrated
+    on (its calibration runs, or a rerun of them)."""
+    if seed is not None and seed == profile.provenance.get("calibration", {}).get("seed"):
+        raise BadInputError(f"{where}: seed {seed} draws the workloads profile {profile.profile_id} was calibrated "
+                            "on; a validation record needs held-apart ones")
 
 
 # ----------------------------------------------------------------------------------------------

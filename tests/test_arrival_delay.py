@@ -138,3 +138,7 @@ def test_offline_calibrate_and_rescore_from_stored_runs(tmp_path, make_profile):
     out = runner.invoke(planner_cli, ["calibrate", "--profile", str(path), "--runs", str(other)])
     assert out.exit_code == 0, out.output
     assert json.loads(path.read_text(encoding="utf-8"))["provenance"]["calibration"]["seed"] == 8
+    unknown = tmp_path / "unknown-seed"  # runs without workloads.json: no seed recorded rather than another set's
+    store_runs(unknown, synthetic_runs(prof, 30))
+    out = runner.invoke(planner_cli, ["calibrate", "--profile", str(path), "--runs", str(unknown)])
+    assert out.exit_code == 0 and json.loads(path.read_text(encoding="utf-8"))["provenance"]["calibration"]["seed"] is None

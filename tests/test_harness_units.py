@@ -224,33 +224,46 @@ def test_validate_reruns_another_work_dirs_workloads_and_keeps_records_held_apar
     from click.testing import CliRunner
 
     from planner import cli_harness
-    from serving_harness.validation import Validator
+    from serving_harness.validation import Validator, stored_workloads
     from twin.profile import load_profile
 
     prof = load_profile("cpu-2core-tiny-llama")
     model = synth.write_model(tmp_path / "m", synth.ModelShape(), weights=False)
-    first = Validator(prof, str(model), tmp_path / "first")
-    first.workload_set(3, 11)
-    stored = json.loads((tmp_path / "first" / "workloads.json").read_text())
+    Validator(prof, str(model), tmp_path / "first").workload_set(3, 11)
+    stored = stored_workloads(tmp_path / "first")
     stored["cases"][0]["adapters"][0]["rate_rps"] *= 2  # sized by an earlier profile: not what a new draw gives
     (tmp_path / "first" / "workloads.json").write_text(json.dumps(stored))
     again = Validator(prof, str(model), tmp_path / "again")
-    assert again.adopt_workloads(tmp_path / "first") == (3, 11)
+    again.adopt_workloads(stored_workloads(tmp_path / "first"), tmp_path / "first")
     rerun = again.workload_set(3, 11)
     assert rerun[0].adapters[0].rate_rps == stored["cases"][0]["adapters"][0]["rate_rps"]
     assert rerun != Validator(prof, str(model), tmp_path / "fresh").workload_set(3, 11)
-    assert again.adopt_workloads(tmp_path / "first") == (3, 11)  # a rerun of the same command resumes
+    again.adopt_workloads(stored, tmp_path / "first")  # a rerun of the same command resumes
     other = Validator(prof, str(model), tmp_path / "other")
     other.workload_set(3, 12)
     with pytest.raises(BadInputError, match="other workloads"):
-        other.adopt_workloads(tmp_path / "first")
+        other.adopt_workloads(stored, tmp_path / "first")
     with pytest.raises(BadInputError, match="no workloads.json"):
-        other.adopt_workloads(tmp_path / "m")
-    # the calibration workloads cannot become the profile's validation record
+        stored_workloads(tmp_path / "m")
+
+    def validate(*args):
+        return CliRunner().invoke(cli_harness.validate, ["--profile", "cpu-2core-tiny-llama", "--model", str(model),
+                                                         *args])
+
+    res = validate("--workloads-of", str(tmp_path / "first"), "--cases", "5", "--work-dir", str(tmp_path / "x"))
+    assert res.exit_code == 2 and "--cases 5" in res.output and not (tmp_path / "x").exists()
+    # the calibration workloads (or a rerun of them) cannot become the profile's validation record
     seed = prof.provenance["calibration"]["seed"]
-    res = CliRunner().invoke(cli_harness.validate, ["--profile", "cpu-2core-tiny-llama", "--model", str(model),
-                                                    "--seed", str(seed), "--record", "--work-dir", str(tmp_path / "c")])
-    assert res.exit_code == 2 and "calibrated on" in res.output and not (tmp_path / "c" / "cases").exists()
+    res = validate("--seed", str(seed), "--record", "--work-dir", str(tmp_path / "c"))
+    assert res.exit_code == 2 and "calibrated" in res.output and not (tmp_path / "c").exists()
+    rerun_of_calibration = tmp_path / "calibration-copy"
+    rerun_of_calibration.mkdir()
+    (rerun_of_calibration / "workloads.json").write_text(json.dumps({**stored, "seed": seed}))
+    res = validate("--workloads-of", str(rerun_of_calibration), "--record", "--work-dir", str(tmp_path / "c"))
+    assert res.exit_code == 2 and "calibrated" in res.output and not (tmp_path / "c").exists()
+    res = CliRunner().invoke(cli_harness.rescore, ["--profile", "cpu-2core-tiny-llama", "--work-dir",
+                                                   str(rerun_of_calibration), "--record"])
+    assert res.exit_code == 2 and "calibrated" in res.output
 
 
 def test_cuda_engines_skip_the_flashinfer_sampler_unless_told():
