@@ -144,7 +144,7 @@ class Validator:
         """This work dir's workloads: drawn once (sized with the profile of that time), reused on reruns."""
         path = self.work_dir / "workloads.json"
         if path.is_file():
-            saved = json.loads(path.read_text(encoding="utf-8"))
+            saved = stored_workloads(self.work_dir)
             if (saved["count"], saved["seed"]) != (n, seed):
                 raise BadInputError(f"{self.work_dir} holds runs of {saved['count']} workloads with seed "
                                     f"{saved['seed']}; use another work dir for {n} with seed {seed}")
@@ -160,7 +160,7 @@ class Validator:
         path = self.work_dir / "workloads.json"
         if not path.is_file():
             write_json_atomic(path, saved)
-        elif json.loads(path.read_text(encoding="utf-8")) != saved:
+        elif stored_workloads(self.work_dir) != saved:
             raise BadInputError(f"{self.work_dir} holds runs of other workloads than {source_dir}; use another work dir")
 
     def _case_path(self, case: ValidationCase) -> Path:
