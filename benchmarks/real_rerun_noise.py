@@ -19,6 +19,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from serving_harness.calibration import stored_workloads
 from twin.atomic import recorded_path, write_json_atomic
 from twin.metrics import smape
 
@@ -52,8 +53,7 @@ def main() -> None:
     ap.add_argument("--b", type=Path, default=MEASURED / "validation-rerun")
     ap.add_argument("--out", type=Path, default=ROOT / "artifacts" / "benchmarks" / "real_rerun_noise.json")
     args = ap.parse_args()
-    workloads = [json.loads((d / "workloads.json").read_text(encoding="utf-8")) for d in (args.a, args.b)]
-    if workloads[0] != workloads[1]:
+    if stored_workloads(args.a) != stored_workloads(args.b):
         sys.exit(f"{args.a} and {args.b} ran different workloads")
     a, b = real_figures(args.a), real_figures(args.b)
     ids = sorted(set(a) & set(b))

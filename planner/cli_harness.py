@@ -224,7 +224,8 @@ def validate(profile_id, model_dir, cases, duration, warmup, seed, work_dir, wor
       planner validate --profile cpu-2core-tiny-llama --model work/tiny/model \\
           --workloads-of validation-work/cpu-2core-tiny-llama --work-dir validation-work/rerun
     """
-    from serving_harness.validation import Validator, refuse_calibration_workloads, stored_workloads
+    from serving_harness.calibration import stored_workloads
+    from serving_harness.validation import Validator, refuse_calibration_workloads
     from twin.errors import BadInputError
     from twin.profile import load_profile
 
@@ -325,11 +326,12 @@ def rescore(profile_id, work_dir, out_dir, duration, warmup, record, as_json) ->
       planner rescore --profile cpu-2core-tiny-llama \\
           --work-dir datasets/measured/cpu-2core-tiny-llama/validation-rerun --record
     """
-    from serving_harness.validation import compare, refuse_calibration_workloads, stored_rows, stored_workloads
+    from serving_harness.calibration import stored_seed
+    from serving_harness.validation import compare, refuse_calibration_workloads, stored_rows
     from twin.profile import load_profile
 
     prof, work = load_profile(profile_id), Path(work_dir)
-    seed = stored_workloads(work)["seed"] if (work / "workloads.json").is_file() else None
+    seed = stored_seed(work)
     if record:
         refuse_calibration_workloads(prof, seed, str(work))
     rows = compare(prof, work, stored_rows(prof, work), duration, warmup)

@@ -43,6 +43,19 @@ class RecordedRun:
     real: dict
 
 
+def stored_workloads(work_dir: str | Path) -> dict:
+    """The workload set a work dir ran (its ``workloads.json``: count, seed, cases)."""
+    path = Path(work_dir) / "workloads.json"
+    if not path.is_file():
+        raise BadInputError(f"{work_dir}: no workloads.json (not a `planner validate` or calibration work dir)")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def stored_seed(work_dir: str | Path) -> int | None:
+    """The seed a work dir's workloads were drawn with; None where it kept no ``workloads.json``."""
+    return stored_workloads(work_dir)["seed"] if (Path(work_dir) / "workloads.json").is_file() else None
+
+
 def load_runs(work_dir: str | Path) -> list[RecordedRun]:
     """The runs a :class:`serving_harness.validation.Validator` saved under ``work_dir``."""
     work = Path(work_dir)
@@ -193,9 +206,9 @@ def recalibrate(path: str | Path, command: str, runs_dir: str | Path | None = No
     runs_dir = Path(runs_dir or previous["runs"])
     if not (runs_dir / "cases").is_dir():
         raise BadInputError(f"{runs_dir}: no stored calibration runs (cases/ and runs/ of `planner profile`)")
-    drawn = runs_dir / "workloads.json"  # the seed of the runs fitted, which may be another set than before
-    seed = json.loads(drawn.read_text(encoding="utf-8"))["seed"] if drawn.is_file() else (
-        previous.get("seed") if same_runs else None)
+    seed = stored_seed(runs_dir)  # the runs fitted may be another set than before
+    if seed is None and same_runs:
+        seed = previous.get("seed")
     meta = {"seed": seed, "runs": str(runs_dir), "command": command, "date": time.strftime("%Y-%m-%d")}
     data = calibrated_profile({**data, "step_latency_ms": micro}, load_runs(runs_dir), previous["duration_s"],
                               previous["warmup_s"], meta)

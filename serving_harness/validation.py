@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from serving_harness.calibration import recorded_run, twin_result
+from serving_harness.calibration import recorded_run, stored_workloads, twin_result
 from serving_harness.engine import Engine, EngineConfig
 from serving_harness.loadgen import measure, run_load, summarise
 from serving_harness.metrics import fetch_samples, series_values
@@ -344,14 +344,6 @@ def record_summary(profile_id: str, profile: Profile, summary: dict, table: Path
     data["validation"] = json_safe({**summary, "table": where, "command": command,
                                     "date": time.strftime("%Y-%m-%d")})
     write_json_atomic(profile_path, data)
-
-
-def stored_workloads(work_dir: str | os.PathLike) -> dict:
-    """The workload set a work dir ran (its ``workloads.json``: count, seed, cases)."""
-    path = Path(work_dir) / "workloads.json"
-    if not path.is_file():
-        raise BadInputError(f"{work_dir}: no workloads.json (not a `planner validate` or calibration work dir)")
-    return json.loads(path.read_text(encoding="utf-8"))
 
 
 def refuse_calibration_workloads(profile: Profile, seed: int | None, where: str) -> None:
