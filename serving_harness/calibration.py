@@ -64,12 +64,19 @@ def load_runs(work_dir: str | Path) -> list[RecordedRun]:
 
 
 def recorded_run(work_dir: Path, row: dict) -> RecordedRun:
-    """The run of one saved case (``row``: its cases/*.json), with its requests from runs/*.parquet."""
+    """The run of one saved case (``row``: its cases/*.json), with its requests from runs/*.parquet.
+
+    Each request arrives at the time the load generator sent it, not the time it was drawn for: the
+    engine only saw what was sent, and a load generator short of CPU sends late (a gap in the
+    arrivals can let the dominant adapter's running set empty, and the engine switch adapters). A
+    request never sent keeps its drawn time; it does not count either way."""
     records = RunRecords.from_parquet(work_dir / "runs" / f"{row['case_id']}-requests.parquet")
     workload = Workload(tuple(Adapter(name, rank, rate) for name, rank, rate in
                               zip(row["adapter_ids"], row["ranks"], row["rates_rps"])))
-    requests = trace_requests(workload, records.arrival_s, records.adapter, records.input_tokens,
-                              records.output_tokens)
+    arrival = np.where(np.isfinite(records.sent_s), records.sent_s, records.arrival_s)
+    order = np.argsort(arrival, kind="stable")
+    requests = trace_requests(workload, arrival[order], records.adapter[order], records.input_tokens[order],
+                              records.output_tokens[order])
     return RecordedRun(row["case_id"], row["a_max"], row["max_lora_rank"], workload, requests, row["real"])
 
 

@@ -99,6 +99,30 @@ def store_runs(work, runs: list[calibration.RecordedRun]) -> None:
         (work / "cases" / f"{run.case_id}.json").write_text(json.dumps(case), encoding="utf-8")
 
 
+def test_stored_runs_replay_what_was_sent_when_it_was_sent(tmp_path, make_profile):
+    """A load generator short of CPU sends late; the twin replays the send times (a request never sent keeps
+    its drawn time), each with its own adapter and lengths."""
+    prof = make_profile(step_latency_ms=BASE_LATENCY)
+    (run,) = synthetic_runs(prof, 0)[:1]
+    store_runs(tmp_path, [run])
+    path = tmp_path / "runs" / "c0-requests.parquet"
+    rec = RunRecords.from_parquet(path)
+    rec.sent_s = rec.sent_s.copy()
+    late = (rec.arrival_s > 5.0) & (rec.arrival_s < 5.5)  # a 0.5 s stall: all sent at its end
+    rec.sent_s[late] = 5.5
+    rec.sent_s[-1] = np.nan
+    rec.to_parquet(path)
+    row = json.loads((tmp_path / "cases" / "c0.json").read_text(encoding="utf-8"))
+    replayed = calibration.recorded_run(tmp_path, row).requests
+    sent = np.where(np.isfinite(rec.sent_s), rec.sent_s, rec.arrival_s)
+    order = np.argsort(sent, kind="stable")
+    assert late.sum() >= 2 and np.array_equal(replayed.arrival_s, sent[order])
+    assert np.all(np.diff(replayed.arrival_s) >= 0) and replayed.arrival_s[-1] == rec.arrival_s[-1]
+    names = [a.adapter_id for a in run.workload.adapters]
+    assert [names[i] for i in replayed.adapter] == list(rec.adapter[order])
+    assert np.array_equal(replayed.input_tokens, rec.input_tokens[order])
+
+
 def test_offline_calibrate_and_rescore_from_stored_runs(tmp_path, make_profile):
     micro = make_profile_dict(**{"step_latency_ms": BASE_LATENCY, "engine.max_num_batched_tokens": 512})
     prof = profile_from_dict(micro)
