@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
 
-from serving_harness.priority import ENGINE_NICENESS, lower_session_priority, niced
 from twin.errors import BadInputError
 
 DEVICES = ("cpu", "cuda")
@@ -77,7 +76,6 @@ class EngineConfig:
     extra_args: tuple[str, ...] = ()
     host: str = "127.0.0.1"
     env: tuple[tuple[str, str], ...] = ()
-    niceness: int = ENGINE_NICENESS  # how far below the harness the server runs (serving_harness/priority.py)
 
     def __post_init__(self):
         if self.device not in DEVICES:
@@ -85,8 +83,6 @@ class EngineConfig:
         for name in ("max_loras", "max_lora_rank", "max_num_batched_tokens", "max_num_seqs", "max_model_len"):
             if getattr(self, name) < 1:
                 raise BadInputError(f"engine setting {name} must be >= 1")
-        if not 0 <= self.niceness <= 19:
-            raise BadInputError("engine niceness must be in 0..19")
         names = [n for n, _ in self.adapters]
         if len(set(names)) != len(names) or self.served_model_name in names:
             raise BadInputError("adapter names must be unique and differ from the served model name")
@@ -241,11 +237,10 @@ class Engine:
         t0 = time.monotonic()
         with open(self.log_path, "wb") as log:
             self._proc = subprocess.Popen(
-                niced(self.config.argv(self.port, self.python), self.config.niceness), stdout=log,
-                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.config.environment(), start_new_session=True,
+                self.config.argv(self.port, self.python), stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, env=self.config.environment(), start_new_session=True,
             )
         self.pid = self._proc.pid
-        lower_session_priority(self.pid, self.config.niceness)
         with _LIVE_LOCK:
             _LIVE.add(self)
         while True:

@@ -183,8 +183,7 @@ class Validator:
                     raise RuntimeError(f"validation engine A_max {a_max} rank {rank} did not start: {started.message}")
                 self._warm_up(engine.base_url, todo[0])
                 for case in todo:
-                    row = {**self.run_case(engine.base_url, case), "engine_niceness": engine.config.niceness}
-                    write_json_atomic(self._case_path(case), row)
+                    write_json_atomic(self._case_path(case), self.run_case(engine.base_url, case))
                     done += 1
                     self.report_progress(done, len(cases), case.case_id)
         return [json.loads(self._case_path(c).read_text(encoding="utf-8")) for c in cases]

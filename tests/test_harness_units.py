@@ -5,16 +5,13 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
 import shutil
-import subprocess
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from serving_harness import engine, metrics, priority, synth
+from serving_harness import engine, metrics, synth
 from twin import Adapter, Workload, draw_requests
 from twin.errors import BadInputError
 
@@ -115,34 +112,6 @@ def test_engine_argv_is_a_list_with_lora_and_kv_settings():
         engine.EngineConfig(model="/m", device="tpu")
     with pytest.raises(BadInputError, match="unique"):
         engine.EngineConfig(model="/m", adapters=(("a", "/x"), ("a", "/y")))
-
-
-def test_engines_run_below_the_harness_in_priority(tmp_path):
-    """An engine started with niceness N runs N nice units below us, also its session where the kernel has
-    autogroups (a process with equal priority starves the load generator of CPU)."""
-    sleep = shutil.which("sleep")
-    if sleep is None or shutil.which("nice") is None or not Path("/proc/self/comm").is_file():
-        pytest.skip("no `sleep` or `nice` program, or no /proc")
-    assert priority.niced(["x", "y"], 0) == ["x", "y"]
-    assert priority.niced(["x"], 5) == ["nice", "-n", "5", "x"]
-    with pytest.raises(BadInputError, match="niceness"):
-        engine.EngineConfig(model="/m", niceness=20)
-    proc = subprocess.Popen(priority.niced([sleep, "30"], 5), start_new_session=True)
-    try:
-        deadline = time.monotonic() + 10.0  # `nice` sets the value, then runs `sleep`
-        while Path(f"/proc/{proc.pid}/comm").read_text().strip() != "sleep" and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert os.getpriority(os.PRIO_PROCESS, proc.pid) == os.getpriority(os.PRIO_PROCESS, 0) + 5
-        group = Path(f"/proc/{proc.pid}/autogroup")
-        if group.is_file():
-            before = int(group.read_text().split()[-1])
-            assert priority.lower_session_priority(proc.pid, 3)
-            assert int(group.read_text().split()[-1]) == min(19, before + 3)
-        assert not priority.lower_session_priority(proc.pid, 0)
-    finally:
-        proc.kill()
-        proc.wait()
-    assert not priority.lower_session_priority(proc.pid, 3)  # gone: nothing to lower
 
 
 def test_startup_failures_are_classified_from_the_log():
