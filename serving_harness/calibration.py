@@ -69,7 +69,7 @@ def recorded_run(work_dir: Path, row: dict) -> RecordedRun:
     Each request arrives at the time the load generator sent it, not the time it was drawn for: the
     engine only saw what was sent, and a load generator short of CPU sends late (a gap in the
     arrivals can let the dominant adapter's running set empty, and the engine switch adapters). A
-    request never sent keeps its drawn time; it does not count either way."""
+    request never sent (cut at the window's end) keeps its drawn time."""
     records = RunRecords.from_parquet(work_dir / "runs" / f"{row['case_id']}-requests.parquet")
     workload = Workload(tuple(Adapter(name, rank, rate) for name, rank, rate in
                               zip(row["adapter_ids"], row["ranks"], row["rates_rps"])))
