@@ -140,6 +140,14 @@ async def run_load_async(base_url: str, requests: Requests, adapter_names: list[
 
     ``start_at`` is the event-loop time of arrival 0 (default: now), to align with a Scraper.
     """
+    with _no_gc_pauses():
+        return await _run_load(base_url, requests, adapter_names, window_s, vocab_size, max_in_flight, seed,
+                               drain_s, start_at)
+
+
+async def _run_load(base_url, requests, adapter_names, window_s, vocab_size, max_in_flight, seed, drain_s,
+                    start_at) -> RunRecords:
+    """The body of :func:`run_load_async` (same arguments)."""
     n = len(requests)
     rng = np.random.default_rng(seed)
     names = np.array(list(adapter_names), dtype=object)
@@ -151,42 +159,41 @@ async def run_load_async(base_url: str, requests: Requests, adapter_names: list[
     in_window = requests.arrival_s < window_s
     tasks: set[asyncio.Task] = set()
     connector = aiohttp.TCPConnector(limit=max_in_flight or 0, force_close=False)
-    with _no_gc_pauses():
-        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
-            loop = asyncio.get_running_loop()
-            t0 = loop.time() + 0.05 if start_at is None else start_at
-            end = t0 + window_s + drain_s
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time() + 0.05 if start_at is None else start_at
+        end = t0 + window_s + drain_s
 
-            async def dispatch():
-                for i in np.flatnonzero(in_window):
-                    delay = t0 + requests.arrival_s[i] - loop.time()
-                    if delay > 0:
-                        await asyncio.sleep(delay)
-                    if max_in_flight and len(tasks) >= max_in_flight:
-                        out["error"][i] = "client_cap"
-                        continue
-                    body = completion_body(str(names[requests.adapter[i]]),
-                                           prompt_ids(int(requests.input_tokens[i]), vocab_size, rng),
-                                           int(requests.output_tokens[i]))
-                    task = asyncio.create_task(_send(session, url, body, t0, int(i), out))
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
+        async def dispatch():
+            for i in np.flatnonzero(in_window):
+                delay = t0 + requests.arrival_s[i] - loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                if max_in_flight and len(tasks) >= max_in_flight:
+                    out["error"][i] = "client_cap"
+                    continue
+                body = completion_body(str(names[requests.adapter[i]]),
+                                       prompt_ids(int(requests.input_tokens[i]), vocab_size, rng),
+                                       int(requests.output_tokens[i]))
+                task = asyncio.create_task(_send(session, url, body, t0, int(i), out))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
 
-            async def all_done():
-                await dispatcher
-                while tasks:
-                    await asyncio.wait(set(tasks))
+        async def all_done():
+            await dispatcher
+            while tasks:
+                await asyncio.wait(set(tasks))
 
-            dispatcher = asyncio.create_task(dispatch())
-            try:  # the run ends at the window's end, or earlier once every request is done
-                await asyncio.wait_for(all_done(), timeout=max(0.0, end - loop.time()))
-            except TimeoutError:
-                pass
-            dispatcher.cancel()
-            pending = list(tasks)
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(dispatcher, *pending, return_exceptions=True)
+        dispatcher = asyncio.create_task(dispatch())
+        try:  # the run ends at the window's end, or earlier once every request is done
+            await asyncio.wait_for(all_done(), timeout=max(0.0, end - loop.time()))
+        except TimeoutError:
+            pass
+        dispatcher.cancel()
+        pending = list(tasks)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(dispatcher, *pending, return_exceptions=True)
     not_sent = in_window & np.isnan(out["sent_s"]) & (out["error"] == "")
     out["error"][not_sent] = "not_sent_before_window_end"
     out["error"][~in_window] = "outside_window"
