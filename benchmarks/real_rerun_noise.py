@@ -1,8 +1,10 @@
 """How far two real runs of the same workloads on the same engine disagree: the floor under any twin's error.
 
-Compares the real figures (throughput, ITL, TTFT, starved) that two ``planner validate`` work dirs
-recorded for the same workloads (same ``workloads.json``; run at different times), with the SMAPE
-the twin is scored by. Default: the shipped CPU profile's validation runs against their rerun.
+Compares the real figures (throughput, ITL, TTFT, starved) of two ``planner validate`` work dirs
+that ran the same workloads (same ``workloads.json``; run at different times), computed from their
+stored requests as ``planner rescore`` does, with the SMAPE the twin is scored by. Default: the
+32 CPU validation workloads run twice back to back on one day. Per engine it also gives the mean ITL
+ratio of the two runs: on a CPU VM each engine start runs at its own speed.
 
     python benchmarks/real_rerun_noise.py [--a DIR] [--b DIR]   # -> artifacts/benchmarks/real_rerun_noise.json
 """
@@ -19,20 +21,22 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from serving_harness.calibration import stored_workloads
-from twin.atomic import recorded_path, write_json_atomic
+from serving_harness.calibration import recorded_run, stored_workloads
+from twin.atomic import json_safe, recorded_path, write_json_atomic
 from twin.metrics import smape
 
 MEASURED = ROOT / "datasets" / "measured" / "cpu-2core-tiny-llama"
-METRICS = {"throughput": "total_throughput_tok_s", "itl": "itl_ms_mean", "ttft": "ttft_ms_mean"}
+METRICS = {"throughput": "total_throughput_tok_s", "itl": "itl_ms_mean", "ttft": "ttft_ms_mean",
+           "itl_engine": "itl_ms_engine"}  # the last only for runs whose metrics kept it
 
 
-def real_figures(work_dir: Path) -> dict[str, dict]:
-    """case id -> the ``real`` block of each stored case."""
+def real_figures(work_dir: Path, duration_s: float, warmup_s: float) -> dict[str, dict]:
+    """case id -> the real figures of each stored case."""
     cases = {}
     for path in sorted((work_dir / "cases").glob("*.json")):
         case = json.loads(path.read_text(encoding="utf-8"))
-        cases[case["case_id"]] = case["real"] | {"loadavg_1m": case.get("loadavg_1m")}
+        real = recorded_run(work_dir, case, duration_s, warmup_s).real
+        cases[case["case_id"]] = real | {"loadavg_1m": case.get("loadavg_1m")}
     if not cases:
         sys.exit(f"{work_dir}: no stored cases (cases/*.json of `planner validate`)")
     return cases
@@ -47,15 +51,34 @@ def compare(a: dict[str, dict], b: dict[str, dict], ids: list[str]) -> dict:
     return out
 
 
+def by_engine(work_dir: Path, a: dict[str, dict], b: dict[str, dict], ids: list[str]) -> dict:
+    """Per engine (A_max, max_lora_rank; one vLLM process runs all its cases back to back): the mean log
+    ratio b/a of ITL, and what is left of the ITL SMAPE once each engine's ratio is divided out."""
+    groups: dict[str, list[str]] = {}
+    for i in ids:
+        case = json.loads((work_dir / "cases" / f"{i}.json").read_text(encoding="utf-8"))
+        groups.setdefault(f"a{case['a_max']}-r{case['max_lora_rank']}", []).append(i)
+    out, x_all, y_all = {}, [], []
+    for name, members in sorted(groups.items()):
+        x, y = (np.array([s[i]["itl_ms_mean"] for i in members], float) for s in (a, b))
+        ratio = float(np.mean(np.log(y / x)))
+        out[name] = {"cases": len(members), "itl_log_ratio_b_over_a": ratio}
+        x_all.append(x)
+        y_all.append(y / np.exp(ratio))
+    return {"engines": out, "itl_smape_pct_within_engines": smape(np.concatenate(x_all), np.concatenate(y_all))}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--a", type=Path, default=MEASURED / "validation")
-    ap.add_argument("--b", type=Path, default=MEASURED / "validation-rerun")
+    ap.add_argument("--a", type=Path, default=MEASURED / "validation-day4a")
+    ap.add_argument("--b", type=Path, default=MEASURED / "validation-day4b")
+    ap.add_argument("--duration", type=float, default=30.0, help="Run length the work dirs ran with (s).")
+    ap.add_argument("--warmup", type=float, default=5.0, help="Start of their measurement window (s).")
     ap.add_argument("--out", type=Path, default=ROOT / "artifacts" / "benchmarks" / "real_rerun_noise.json")
     args = ap.parse_args()
     if stored_workloads(args.a) != stored_workloads(args.b):
         sys.exit(f"{args.a} and {args.b} ran different workloads")
-    a, b = real_figures(args.a), real_figures(args.b)
+    a, b = (real_figures(d, args.duration, args.warmup) for d in (args.a, args.b))
     ids = sorted(set(a) & set(b))
     starved_in_a = [i for i in ids if a[i]["starved"]]
     result = {
@@ -63,15 +86,18 @@ def main() -> None:
         "all": compare(a, b, ids),
         "starved_in_a": compare(a, b, starved_in_a) if starved_in_a else None,
         "not_starved_in_a": compare(a, b, [i for i in ids if not a[i]["starved"]]),
+        "itl_by_engine": by_engine(args.a, a, b, ids),
         "per_case": {i: {name: [a[i][key], b[i][key]] for name, key in METRICS.items()}
                      | {"starved": [a[i]["starved"], b[i]["starved"]],
                         "loadavg_1m": [a[i]["loadavg_1m"], b[i]["loadavg_1m"]]} for i in ids},
     }
-    write_json_atomic(args.out, result)
+    write_json_atomic(args.out, json_safe(result))
     s = result["all"]
     print(f"{s['cases']} workloads run twice: throughput SMAPE {s['throughput_smape_pct']:.2f} %, ITL "
           f"{s['itl_smape_pct']:.2f} %, TTFT {s['ttft_smape_pct']:.2f} %, starved agreement "
           f"{s['starved_agreement_pct']:.1f} %")
+    print(f"ITL SMAPE with each engine's own speed ratio divided out: "
+          f"{result['itl_by_engine']['itl_smape_pct_within_engines']:.2f} %")
     print(f"wrote {args.out}")
 
 

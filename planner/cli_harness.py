@@ -267,6 +267,10 @@ def _write_table(profile_id, prof, rows, out_dir, duration, warmup, seed, record
     for name in ("throughput", "itl", "ttft"):
         click.echo(f"  {name:10s} SMAPE all {summary[f'{name}_smape_pct_all']:6.2f} %  starved "
                    f"{summary[f'{name}_smape_pct_starved']:6.2f} %  not starved {summary[f'{name}_smape_pct_not_starved']:6.2f} %")
+    if summary["itl_engine_cases"]:
+        click.echo(f"  ITL timed by the engine core ({summary['itl_engine_cases']} workloads): twin SMAPE "
+                   f"{summary['itl_engine_smape_pct_all']:.2f} %, client-timed ITL off it by "
+                   f"{summary['itl_client_vs_engine_smape_pct']:.2f} %")
     click.echo(f"wrote {out}/table.json, table.csv, twin_vs_real.png")
 
 
@@ -318,13 +322,14 @@ def calibrate(profile_path, runs_dir, as_json) -> None:
 def rescore(profile_id, work_dir, out_dir, duration, warmup, record, as_json) -> None:
     """Score a profile's twin against real runs stored by `planner validate`, without vLLM.
 
-    Replays each stored workload's very requests through the twin and writes the same table, CSV
-    and plot as `planner validate` (e.g. after `planner calibrate` or a change to the twin).
+    Replays each stored workload's very requests through the twin, recomputes the real figures from
+    the stored requests and metrics, and writes the same table, CSV and plot as `planner validate`
+    (e.g. after `planner calibrate` or a change to the twin).
 
     \b
     Example:
       planner rescore --profile cpu-2core-tiny-llama \\
-          --work-dir datasets/measured/cpu-2core-tiny-llama/validation-rerun --record
+          --work-dir datasets/measured/cpu-2core-tiny-llama/validation-day4a --record
     """
     from serving_harness.calibration import stored_seed
     from serving_harness.validation import compare, refuse_calibration_workloads, stored_rows

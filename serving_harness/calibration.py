@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-from serving_harness.loadgen import RunRecords
+from serving_harness.loadgen import RunRecords, summarise
+from serving_harness.metrics import MetricsSeries
 from twin.errors import BadInputError
 from twin.profile import Profile, StepLatency, profile_from_dict, step_latency_to_dict
 from twin.simulate import SimConfig, simulate
@@ -56,28 +57,35 @@ def stored_seed(work_dir: str | Path) -> int | None:
     return stored_workloads(work_dir)["seed"] if (Path(work_dir) / "workloads.json").is_file() else None
 
 
-def load_runs(work_dir: str | Path) -> list[RecordedRun]:
+def load_runs(work_dir: str | Path, duration_s: float, warmup_s: float) -> list[RecordedRun]:
     """The runs a :class:`serving_harness.validation.Validator` saved under ``work_dir``."""
     work = Path(work_dir)
-    return [recorded_run(work, json.loads(p.read_text(encoding="utf-8")))
+    return [recorded_run(work, json.loads(p.read_text(encoding="utf-8")), duration_s, warmup_s)
             for p in sorted((work / "cases").glob("*.json"))]
 
 
-def recorded_run(work_dir: Path, row: dict) -> RecordedRun:
+def recorded_run(work_dir: Path, row: dict, duration_s: float, warmup_s: float) -> RecordedRun:
     """The run of one saved case (``row``: its cases/*.json), with its requests from runs/*.parquet.
 
     Each request arrives at the time the load generator sent it, not the time it was drawn for: the
     engine only saw what was sent, and a load generator short of CPU sends late (a gap in the
     arrivals can let the dominant adapter's running set empty, and the engine switch adapters). A
-    request never sent (cut at the window's end) keeps its drawn time."""
-    records = RunRecords.from_parquet(work_dir / "runs" / f"{row['case_id']}-requests.parquet")
+    request never sent (cut at the window's end) keeps its drawn time. The real figures are computed
+    afresh from the stored requests (not taken from ``row``, which has those of the day it ran), plus
+    the engine-timed ITL from the stored metrics."""
+    runs = work_dir / "runs"
+    records = RunRecords.from_parquet(runs / f"{row['case_id']}-requests.parquet")
     workload = Workload(tuple(Adapter(name, rank, rate) for name, rank, rate in
                               zip(row["adapter_ids"], row["ranks"], row["rates_rps"])))
-    arrival = np.where(np.isfinite(records.sent_s), records.sent_s, records.arrival_s)
+    arrival = records.engine_arrival_s
     order = np.argsort(arrival, kind="stable")
     requests = trace_requests(workload, arrival[order], records.adapter[order], records.input_tokens[order],
                               records.output_tokens[order])
-    return RecordedRun(row["case_id"], row["a_max"], row["max_lora_rank"], workload, requests, row["real"])
+    metrics = runs / f"{row['case_id']}-metrics.parquet"
+    engine_itl = MetricsSeries.from_parquet(metrics).engine_itl_ms(warmup_s, duration_s) if metrics.is_file() \
+        else float("nan")
+    real = {**asdict(summarise(records, duration_s, warmup_s)), "itl_ms_engine": engine_itl}
+    return RecordedRun(row["case_id"], row["a_max"], row["max_lora_rank"], workload, requests, real)
 
 
 #: Parameters: log scales of (k5, l0), (k4, l1) and kp, then the arrival delay in ms.
@@ -217,7 +225,8 @@ def recalibrate(path: str | Path, command: str, runs_dir: str | Path | None = No
     if seed is None and same_runs:
         seed = previous.get("seed")
     meta = {"seed": seed, "runs": str(runs_dir), "command": command, "date": time.strftime("%Y-%m-%d")}
-    data = calibrated_profile({**data, "step_latency_ms": micro}, load_runs(runs_dir), previous["duration_s"],
-                              previous["warmup_s"], meta)
+    duration, warmup = previous["duration_s"], previous["warmup_s"]
+    data = calibrated_profile({**data, "step_latency_ms": micro}, load_runs(runs_dir, duration, warmup), duration,
+                              warmup, meta)
     data.pop("validation", None)
     return data

@@ -50,6 +50,13 @@ class RunRecords:
     def __len__(self) -> int:
         return int(self.request.shape[0])
 
+    @property
+    def engine_arrival_s(self) -> np.ndarray:
+        """When each request reached the engine: its send time, or its drawn time where it was never sent.
+        A load generator short of CPU sends late; the engine (and the twin's replay of a run) only sees
+        what was sent, so latencies count from here."""
+        return np.where(np.isfinite(self.sent_s), self.sent_s, self.arrival_s)
+
     def to_parquet(self, path: str | os.PathLike) -> None:
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -227,9 +234,11 @@ class RunSummary:
 
 
 def summarise(records: RunRecords, duration_s: float, warmup_s: float = 0.0) -> RunSummary:
-    """Throughput, starvation, ITL and TTFT under the twin's window convention (twin/simulate.py)."""
+    """Throughput, starvation, ITL and TTFT under the twin's window convention (twin/simulate.py), with
+    requests arriving when they were sent (:attr:`RunRecords.engine_arrival_s`)."""
     window = duration_s - warmup_s
-    arrived = (records.arrival_s >= warmup_s) & (records.arrival_s < duration_s)
+    arrival = records.engine_arrival_s
+    arrived = (arrival >= warmup_s) & (arrival < duration_s)
     done = ((records.error == "") & np.isfinite(records.finish_s)
             & (records.finish_s >= warmup_s) & (records.finish_s <= duration_s))
     tokens = (records.input_tokens + records.output_tokens).astype(np.float64)
@@ -238,7 +247,7 @@ def summarise(records: RunRecords, duration_s: float, warmup_s: float = 0.0) -> 
     gaps = records.output_tokens[done] - 1
     itl = ((records.finish_s[done] - records.first_token_s[done]).sum() / gaps.sum() * 1000.0
            if gaps.sum() > 0 else float("nan"))
-    ttft = (records.first_token_s[done] - records.arrival_s[done]) * 1000.0
+    ttft = (records.first_token_s[done] - arrival[done]) * 1000.0
     failed = arrived & ~np.isin(records.error, ("", "unfinished_at_window_end"))
     return RunSummary(
         window_s=window, total_throughput_tok_s=float(total), arriving_tok_s=float(arriving),

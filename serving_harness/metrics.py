@@ -31,6 +31,10 @@ SERIES = {
     "prompt_tokens": ("vllm:prompt_tokens_total", {}),
     "generation_tokens": ("vllm:generation_tokens_total", {}),
     "requests_succeeded": ("vllm:request_success_total", {}),
+    # Finished requests, timed by the engine core (not the client): decode time = last minus first token.
+    "finished_decode_time_s": ("vllm:request_decode_time_seconds_sum", {}),
+    "finished_generation_tokens": ("vllm:request_generation_tokens_sum", {}),
+    "finished_requests": ("vllm:request_generation_tokens_count", {}),
 }
 
 
@@ -150,6 +154,35 @@ class MetricsSeries:
         sink = pa.BufferOutputStream()
         pq.write_table(table, sink)
         write_bytes_atomic(path, sink.getvalue().to_pybytes())
+
+    @classmethod
+    def from_parquet(cls, path: str | os.PathLike) -> Self:
+        """A saved series; columns it was scraped without (an older SERIES) read as NaN."""
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(path)
+        t_s = table.column("t_s").to_pylist()
+        values = {c: table.column(c).to_pylist() if c in table.column_names else [math.nan] * len(t_s)
+                  for c in SERIES}
+        meta = table.schema.metadata or {}
+        config = {k.decode()[len("cache_config."):]: v.decode() for k, v in meta.items()
+                  if k.startswith(b"cache_config.")}
+        return cls(t_s=t_s, values=values, cache_config=config)
+
+    def engine_itl_ms(self, start_s: float, end_s: float) -> float:
+        """Mean inter-token latency (ms, per token) of the requests that finished between the first scrape
+        at or after ``start_s`` and the last at or before ``end_s``, timed by the engine core: free of the
+        delays of the API server and the client that the per-request records carry. NaN where nothing
+        finished or the series lacks the columns."""
+        t = self.column("t_s")
+        inside = np.flatnonzero((t >= start_s) & (t <= end_s))
+        if inside.size < 2:
+            return math.nan
+        a, b = inside[0], inside[-1]
+        delta = {c: self.column(c)[b] - self.column(c)[a]
+                 for c in ("finished_decode_time_s", "finished_generation_tokens", "finished_requests")}
+        gaps = delta["finished_generation_tokens"] - delta["finished_requests"]
+        return float(delta["finished_decode_time_s"] / gaps * 1000.0) if gaps > 0 else math.nan
 
 
 async def fetch_samples(session, base_url: str) -> list[Sample]:

@@ -436,7 +436,7 @@ def calibrate_fitted(profile: dict, spec: ProfileSpec, work_dir: Path, cases: in
     validator = Validator(micro, spec.model_dir, work_dir / "calibration", duration_s, warmup_s, python,
                           **({"report_progress": report} if report else {}))
     workloads = validator.workload_set(cases, CALIBRATION_SEED)
-    runs = [recorded_run(validator.work_dir, row) for row in validator.run(workloads)]
+    runs = [recorded_run(validator.work_dir, row, duration_s, warmup_s) for row in validator.run(workloads)]
     return calibrated_profile(profile, runs, duration_s, warmup_s,
                               {"seed": CALIBRATION_SEED, "runs": str(work_dir / "calibration")})
 

@@ -9,7 +9,8 @@ window convention: arrivals over [0, duration), measurement window [warmup, dura
 unfinished at ``duration`` not counted. Each case's result is saved as it completes (a rerun
 resumes); :func:`report` writes the table (JSON + CSV) and a PNG of twin vs real.
 :func:`stored_rows` reads the saved cases back, so ``planner rescore`` recomputes the table from
-stored runs without vLLM.
+stored runs without vLLM; :func:`compare` recomputes the real figures too, from the stored requests and
+metrics, so run sets of any date are scored under today's definitions.
 """
 
 from __future__ import annotations
@@ -245,7 +246,9 @@ class Validator:
 def compare(profile: Profile, work_dir: Path, rows: list[dict], duration_s: float, warmup_s: float) -> list[dict]:
     """``rows`` (saved cases of ``work_dir``) with the twin's figures for the very same requests
     (recomputed: cheap, and a new profile version can be scored against the same real runs)."""
-    return [{**row, "twin": twin_result(profile, recorded_run(work_dir, row), duration_s, warmup_s)} for row in rows]
+    runs = [recorded_run(work_dir, row, duration_s, warmup_s) for row in rows]
+    return [{**row, "real": run.real, "twin": twin_result(profile, run, duration_s, warmup_s)}
+            for row, run in zip(rows, runs)]
 
 
 METRICS = (("throughput", "total_throughput_tok_s"), ("itl", "itl_ms_mean"), ("ttft", "ttft_ms_mean"))
@@ -263,6 +266,12 @@ def summary_table(rows: list[dict]) -> dict:
             pred = np.array([r["twin"][key] for r in rows], float)[mask]
             real = np.array([r["real"][key] for r in rows], float)[mask]
             out[f"{name}_smape_pct_{regime}"] = smape(pred, real)
+    # The ITL the engine core timed (runs whose metrics kept it): how far the client's timing is off it,
+    # and the twin against it.
+    engine = np.array([r["real"].get("itl_ms_engine", np.nan) for r in rows], float)
+    out["itl_engine_cases"] = int(np.isfinite(engine).sum())
+    out["itl_client_vs_engine_smape_pct"] = smape(np.array([r["real"]["itl_ms_mean"] for r in rows], float), engine)
+    out["itl_engine_smape_pct_all"] = smape(np.array([r["twin"]["itl_ms_mean"] for r in rows], float), engine)
     return out
 
 
@@ -275,6 +284,7 @@ def table_rows(rows: list[dict]) -> list[dict]:
         for name, key in (*METRICS, ("arriving", "arriving_tok_s"), ("starved", "starved")):
             row[f"real_{name}"] = r["real"][key]
             row[f"twin_{name}"] = r["twin"][key]
+        row["real_itl_engine"] = r["real"].get("itl_ms_engine", float("nan"))
         flat.append(row)
     return flat
 

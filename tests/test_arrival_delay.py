@@ -4,7 +4,7 @@ stored runs (no vLLM)."""
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import numpy as np
 import pytest
@@ -14,7 +14,7 @@ from conftest import LLAMA_HASH, QWEN_HASH, STEP_10MS, make_profile_dict
 from models.surrogate import simulation_hash
 from planner.cli import main as planner_cli
 from serving_harness import calibration
-from serving_harness.loadgen import RunRecords
+from serving_harness.loadgen import RunRecords, summarise
 from twin import Adapter, ProfileError, SimConfig, Workload, draw_requests, load_profile, simulate, trace_requests
 from twin.policies import policy_from_name
 from twin.profile import profile_from_dict, step_latency_to_dict
@@ -69,8 +69,9 @@ def synthetic_runs(prof, seed0: int) -> list[calibration.RecordedRun]:
     for i, rate in enumerate((5.0, 20.0, 60.0)):
         wl = Workload((Adapter("a", 8, rate, 50, 20), Adapter("b", 8, rate / 2, 80, 10)))
         req = draw_requests(wl, 20.0, seed=seed0 + i)
-        real = simulate(wl, truth, SimConfig(a_max=2, duration_s=20.0, warmup_s=2.0), requests=req)
-        runs.append(calibration.RecordedRun(f"c{i}", 2, 8, wl, req, real.to_dict()))
+        real = simulate(wl, truth, SimConfig(a_max=2, duration_s=20.0, warmup_s=2.0, request_times=True),
+                        requests=req)
+        runs.append(calibration.RecordedRun(f"c{i}", 2, 8, wl, req, {**real.to_dict(), "times": real.request_times}))
     return runs
 
 
@@ -85,15 +86,16 @@ def store_runs(work, runs: list[calibration.RecordedRun]) -> None:
     """Save runs as `planner validate` does: a case JSON and a request parquet per run."""
     for run in runs:
         names = [a.adapter_id for a in run.workload.adapters]
-        req, nan = run.requests, np.full(len(run.requests), np.nan)
+        req, (first, finish) = run.requests, run.real["times"].T
         RunRecords(np.arange(len(req)), np.array([names[a] for a in req.adapter], dtype=object), req.arrival_s,
-                   req.arrival_s, nan, nan, req.input_tokens.astype(np.int64), req.output_tokens.astype(np.int64),
+                   req.arrival_s, first, finish, req.input_tokens.astype(np.int64), req.output_tokens.astype(np.int64),
                    req.output_tokens.astype(np.int64), np.full(len(req), "", dtype=object),
                    ).to_parquet(work / "runs" / f"{run.case_id}-requests.parquet")
         case = {"case_id": run.case_id, "a_max": run.a_max, "max_lora_rank": run.max_lora_rank,
                 "adapters": len(names), "adapter_ids": names, "ranks": [a.rank for a in run.workload.adapters],
                 "rates_rps": [a.rate_rps for a in run.workload.adapters], "input_tokens": 50.0,
-                "output_tokens": 20.0, "lengths": "constant", "load_factor": 1.0, "real": run.real,
+                "output_tokens": 20.0, "lengths": "constant", "load_factor": 1.0,
+                "real": {k: v for k, v in run.real.items() if k != "times"},
                 "real_preemptions": 0.0}
         (work / "cases").mkdir(parents=True, exist_ok=True)
         (work / "cases" / f"{run.case_id}.json").write_text(json.dumps(case), encoding="utf-8")
@@ -113,7 +115,9 @@ def test_stored_runs_replay_what_was_sent_when_it_was_sent(tmp_path, make_profil
     rec.sent_s[-1] = np.nan
     rec.to_parquet(path)
     row = json.loads((tmp_path / "cases" / "c0.json").read_text(encoding="utf-8"))
-    replayed = calibration.recorded_run(tmp_path, row).requests
+    recorded = calibration.recorded_run(tmp_path, row, 20.0, 2.0)
+    replayed = recorded.requests
+    assert recorded.real == {**asdict(summarise(rec, 20.0, 2.0)), "itl_ms_engine": pytest.approx(np.nan, nan_ok=True)}
     sent = np.where(np.isfinite(rec.sent_s), rec.sent_s, rec.arrival_s)
     order = np.argsort(sent, kind="stable")
     assert late.sum() >= 2 and np.array_equal(replayed.arrival_s, sent[order])

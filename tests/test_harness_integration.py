@@ -22,6 +22,7 @@ pytest.importorskip("aiohttp")
 from serving_harness import synth
 from serving_harness.engine import Engine, EngineConfig
 from serving_harness.loadgen import RunRecords, measure, summarise
+from serving_harness.metrics import MetricsSeries
 from twin import Adapter, Workload, draw_requests
 
 KV_BYTES = 8 << 20  # 16384 tokens of the tiny model (512 B per token)
@@ -85,6 +86,13 @@ def test_two_adapter_workload_on_real_vllm(tiny):
     summary = summarise(records, 8.0 + 20.0)
     assert summary.finished_requests == len(requests) and not summary.starved
     assert 0 < summary.itl_ms_mean < 1000
+    # The engine core's own timing of the finished requests: every request counted, every gap timed, and
+    # the mean ITL within a factor of two of what the client saw.
+    back = MetricsSeries.from_parquet(root / "metrics.parquet")
+    assert back.values["finished_requests"][-1] == len(requests)
+    assert back.values["finished_generation_tokens"][-1] == requests.output_tokens.sum()
+    engine_itl = back.engine_itl_ms(0.0, 8.0 + 20.0 + 5.0)
+    assert 0.5 * summary.itl_ms_mean < engine_itl < 2.0 * summary.itl_ms_mean
 
 
 def test_kv_cache_too_small_is_a_memory_error_result(tiny):

@@ -54,6 +54,29 @@ def test_metrics_series_keeps_cache_config_and_writes_parquet(tmp_path):
     table = pq.read_table(tmp_path / "m.parquet")
     assert table.column("preemptions").to_pylist() == [4.0, 4.0]
     assert table.schema.metadata[b"cache_config.block_size"] == b"128"
+    back = metrics.MetricsSeries.from_parquet(tmp_path / "m.parquet")
+    assert back.t_s == [0.5, 1.5] and back.cache_config == series.cache_config
+    assert back.values["preemptions"] == [4.0, 4.0] and math.isnan(back.values["running"][0])
+
+
+def _finished_page(decode_s: float, tokens: int, requests: int) -> list:
+    return metrics.parse_prometheus(f'vllm:request_decode_time_seconds_sum{{engine="0"}} {decode_s}\n'
+                                    f'vllm:request_generation_tokens_sum{{engine="0"}} {tokens}\n'
+                                    f'vllm:request_generation_tokens_count{{engine="0"}} {requests}\n')
+
+
+def test_engine_timed_itl_counts_the_requests_finished_between_the_scrapes_inside_the_window():
+    series = metrics.MetricsSeries()
+    # Scrapes at 0, 1, ..., 5 s; between those at 1 and 4 s, 3 requests finish with 44 tokens in 1.5 s of decoding.
+    for t, page in enumerate([(0.0, 0, 0), (0.2, 11, 1), (0.4, 22, 2), (1.0, 33, 3), (1.7, 55, 4), (2.0, 66, 5)]):
+        series.add(float(t), _finished_page(*page))
+    assert series.engine_itl_ms(0.5, 4.2) == pytest.approx(1.5 / (55 - 11 - 3) * 1000.0)
+    assert series.engine_itl_ms(0.0, 5.0) == pytest.approx(2.0 / (66 - 5) * 1000.0)
+    assert math.isnan(series.engine_itl_ms(2.5, 3.5))  # one scrape: no interval
+    older = metrics.MetricsSeries()  # scraped before these series were kept
+    for t in (0.0, 1.0, 2.0):
+        older.add(t, metrics.parse_prometheus('vllm:num_requests_running{engine="0"} 1\n'))
+    assert math.isnan(older.engine_itl_ms(0.0, 2.0))
 
 
 def test_synthetic_model_tokenizer_and_adapter(tmp_path):
@@ -182,6 +205,21 @@ def test_load_generator_records_every_request_against_a_stub(tmp_path):
     s = loadgen.summarise(records, 1.0)
     assert s.arrived_requests == inside.sum() and s.finished_requests == (ok & (records.finish_s <= 1.0)).sum()
     assert s.itl_ms_mean >= 1.9  # the stub waits 2 ms before each token
+
+
+def test_real_latencies_count_from_when_a_request_was_sent():
+    """Drawn at 1, 2, 9.9 s; the second sent 0.4 s late, the third after the 10 s window (not arrived)."""
+    from serving_harness import loadgen
+
+    records = loadgen.RunRecords(
+        request=np.arange(3), adapter=np.array(["a"] * 3, dtype=object), arrival_s=np.array([1.0, 2.0, 9.9]),
+        sent_s=np.array([1.0, 2.4, 10.1]), first_token_s=np.array([1.1, 2.5, np.nan]),
+        finish_s=np.array([1.5, 2.9, np.nan]),
+        input_tokens=np.array([10, 10, 10]), output_tokens=np.array([5, 5, 5]),
+        output_tokens_received=np.array([5, 5, 0]), error=np.array(["", "", "unfinished_at_window_end"], dtype=object))
+    s = loadgen.summarise(records, 10.0)
+    assert s.ttft_ms_mean == pytest.approx(100.0) and s.itl_ms_mean == pytest.approx(100.0)
+    assert s.arrived_requests == 2 and s.finished_requests == 2 and s.arriving_tok_s == pytest.approx(3.0)
 
 
 def test_load_generator_client_cap_refuses_arrivals_beyond_it():

@@ -42,6 +42,7 @@ class SimConfig:
     max_in_flight: int = 0  # client-side cap on requests in flight; 0 = none
     timeseries_dt_s: float = 0.0  # sample running/waiting/KV use every this many s; 0 = off
     trace_events: int = 0  # record up to this many scheduler events (tests)
+    request_times: bool = False  # keep each request's first-token and finish times (SimResult.request_times)
     policy: Any = None  # a twin.policies.PolicySpec; None = stock vLLM (twin.core)
     conversations: Conversations | None = None  # multi-turn chat; None = single-turn requests
 
@@ -76,6 +77,7 @@ class SimResult:
     sim_wall_s: float
     timeseries: np.ndarray | None = None  # columns: t_s, running, waiting, kv_used_fraction
     trace: np.ndarray | None = None  # columns: step_start_s, request, tokens, event kind
+    request_times: np.ndarray | None = None  # per request: first_token_s, finish_s (NaN: did not happen)
     policy: str = "vllm"
     lengths: str = "constant"  # how request lengths were drawn: constant, lognormal cv=X/Y, or trace
     policy_stats: dict[str, Any] | None = None  # cache hit rate, evictions, load stalls, ... (non-stock)
@@ -84,6 +86,7 @@ class SimResult:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("trace")
+        d.pop("request_times")
         ts = d.pop("timeseries")
         if ts is not None:
             d["timeseries"] = {
@@ -192,6 +195,11 @@ def _restore(out: tuple, refused: np.ndarray) -> tuple:
     return (full_state, full_first, full_finish, *rest[:-1], trace)
 
 
+def _nan_unset(times: np.ndarray) -> np.ndarray:
+    """The engine loop's times with NaN for its "not yet" (-1)."""
+    return np.where(times >= 0, times, np.nan)
+
+
 def _percentile_from_hist(hist: np.ndarray, q: float) -> float:
     total = hist.sum()
     if total == 0:
@@ -241,6 +249,7 @@ def _summarise(profile, config, rank, kv_tokens, n_ad, req, state, first_tok, fi
         busy_fraction=float(min(1.0, busy_s / t_hi)), sim_wall_s=wall,
         timeseries=ts if config.timeseries_dt_s > 0 else None,
         trace=trace if config.trace_events > 0 else None, lengths=lengths,
+        request_times=_nan_unset(np.column_stack([first_tok, finish])) if config.request_times else None,
         conversations=config.conversations.describe() if config.conversations and req.conversation is not None
         else None,
     )
