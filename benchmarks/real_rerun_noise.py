@@ -22,8 +22,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from serving_harness.calibration import recorded_run, stored_workloads
+from serving_harness.validation import engine_label
 from twin.atomic import json_safe, recorded_path, write_json_atomic
-from twin.metrics import smape
+from twin.metrics import group_log_ratios, smape, smape_within_groups
 
 MEASURED = ROOT / "datasets" / "measured" / "cpu-2core-tiny-llama"
 METRICS = {"throughput": "total_throughput_tok_s", "itl": "itl_ms_mean", "ttft": "ttft_ms_mean",
@@ -54,18 +55,14 @@ def compare(a: dict[str, dict], b: dict[str, dict], ids: list[str]) -> dict:
 def by_engine(work_dir: Path, a: dict[str, dict], b: dict[str, dict], ids: list[str]) -> dict:
     """Per engine (A_max, max_lora_rank; one vLLM process runs all its cases back to back): the mean log
     ratio b/a of ITL, and what is left of the ITL SMAPE once each engine's ratio is divided out."""
-    groups: dict[str, list[str]] = {}
+    engines = []
     for i in ids:
         case = json.loads((work_dir / "cases" / f"{i}.json").read_text(encoding="utf-8"))
-        groups.setdefault(f"a{case['a_max']}-r{case['max_lora_rank']}", []).append(i)
-    out, x_all, y_all = {}, [], []
-    for name, members in sorted(groups.items()):
-        x, y = (np.array([s[i]["itl_ms_mean"] for i in members], float) for s in (a, b))
-        ratio = float(np.mean(np.log(y / x)))
-        out[name] = {"cases": len(members), "itl_log_ratio_b_over_a": ratio}
-        x_all.append(x)
-        y_all.append(y / np.exp(ratio))
-    return {"engines": out, "itl_smape_pct_within_engines": smape(np.concatenate(x_all), np.concatenate(y_all))}
+        engines.append(engine_label(case))
+    x, y = (np.array([s[i]["itl_ms_mean"] for i in ids], float) for s in (a, b))
+    ratios = group_log_ratios(y, x, engines)
+    return {"engines": {e: {"cases": engines.count(e), "itl_log_ratio_b_over_a": ratios[e]} for e in sorted(ratios)},
+            "itl_smape_pct_within_engines": smape_within_groups(y, x, engines)}
 
 
 def main() -> None:

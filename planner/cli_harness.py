@@ -267,6 +267,8 @@ def _write_table(profile_id, prof, rows, out_dir, duration, warmup, seed, record
     for name in ("throughput", "itl", "ttft"):
         click.echo(f"  {name:10s} SMAPE all {summary[f'{name}_smape_pct_all']:6.2f} %  starved "
                    f"{summary[f'{name}_smape_pct_starved']:6.2f} %  not starved {summary[f'{name}_smape_pct_not_starved']:6.2f} %")
+    click.echo(f"  ITL SMAPE with each engine's own twin/real ratio divided out: "
+               f"{summary['itl_smape_pct_within_engines']:.2f} %")
     if summary["itl_engine_cases"]:
         click.echo(f"  ITL timed by the engine core ({summary['itl_engine_cases']} workloads): twin SMAPE "
                    f"{summary['itl_engine_smape_pct_all']:.2f} %, client-timed ITL off it by "

@@ -9,6 +9,7 @@ import pytest
 
 from serving_harness import calibration, profiling, synth, validation
 from twin import Adapter, Workload, draw_requests
+from twin.metrics import group_log_ratios, smape_within_groups
 from twin.profile import profile_from_dict
 from twin.simulate import SimConfig, simulate
 
@@ -86,11 +87,31 @@ def test_smape_and_summary_table():
     assert validation.smape(np.array([110.0, 90.0]), np.array([100.0, 100.0])) == pytest.approx(
         100 * np.mean([20 / 210, 20 / 190]))
     assert np.isnan(validation.smape(np.array([np.nan]), np.array([1.0])))
-    row = {"real": {"starved": True, "total_throughput_tok_s": 100.0, "itl_ms_mean": 10.0, "ttft_ms_mean": 50.0},
+    row = {"a_max": 1, "max_lora_rank": 8,
+           "real": {"starved": True, "total_throughput_tok_s": 100.0, "itl_ms_mean": 10.0, "ttft_ms_mean": 50.0},
            "twin": {"starved": False, "total_throughput_tok_s": 100.0, "itl_ms_mean": 10.0, "ttft_ms_mean": 50.0}}
     t = validation.summary_table([row, {**row, "twin": {**row["twin"], "starved": True}}])
     assert t["cases"] == 2 and t["starved_agreement_pct"] == 50.0 and t["throughput_smape_pct_all"] == 0.0
     assert np.isnan(t["itl_smape_pct_not_starved"])
+    assert t["itl_smape_pct_within_engines"] == 0.0
+    assert t["itl_engine_cases"] == 0 and np.isnan(t["itl_engine_smape_pct_all"])
+
+
+def test_itl_within_engines_allows_each_engine_one_scale():
+    """Engine a1-r8 runs 1.2x slower than the twin on both its cases, a2-r8 exactly as fast but with
+    a +-10 % spread: one scale per engine removes the first error, not the second."""
+    slow = {"a_max": 1, "max_lora_rank": 8, "twin": {"itl_ms_mean": 10.0}}
+    rows = [{**slow, "real": {"itl_ms_mean": 12.0}}, {**slow, "real": {"itl_ms_mean": 12.0}},
+            *({"a_max": 2, "max_lora_rank": 8, "twin": {"itl_ms_mean": 10.0}, "real": {"itl_ms_mean": v}}
+              for v in (11.0, 10.0 / 1.1))]
+    twin, real = ([r[s]["itl_ms_mean"] for r in rows] for s in ("twin", "real"))
+    labels = [validation.engine_label(r) for r in rows]
+    assert labels == ["a1-r8", "a1-r8", "a2-r8", "a2-r8"]
+    ratios = group_log_ratios(twin, real, labels)
+    assert ratios["a1-r8"] == pytest.approx(np.log(10 / 12)) and ratios["a2-r8"] == pytest.approx(0.0, abs=1e-12)
+    left = smape_within_groups(twin, real, labels)
+    assert left == pytest.approx(validation.smape([10.0, 10.0], [11.0, 10.0 / 1.1]) / 2)
+    assert left < validation.smape(twin, real)
 
 
 def test_calibration_recovers_a_known_slowdown(make_profile):

@@ -15,3 +15,20 @@ def smape(pred, real) -> float:
         return float("nan")
     den = np.abs(pred) + np.abs(real)
     return float(100.0 * np.mean(np.where(den > 0, 2.0 * np.abs(pred - real) / np.where(den > 0, den, 1.0), 0.0)))
+
+
+def group_log_ratios(pred, real, groups) -> dict:
+    """Per group label: the mean log(pred / real) over its pairs where both are finite and positive."""
+    pred, real, groups = np.asarray(pred, float), np.asarray(real, float), np.asarray(groups, object)
+    ok = np.isfinite(pred) & np.isfinite(real) & (pred > 0) & (real > 0)
+    return {g: float(np.mean(np.log(pred[ok & (groups == g)] / real[ok & (groups == g)])))
+            for g in dict.fromkeys(groups[ok])}
+
+
+def smape_within_groups(pred, real, groups) -> float:
+    """SMAPE once each group's mean log ratio (:func:`group_log_ratios`) is divided out of ``pred``:
+    what is left when every group (e.g. one engine, running at its own speed) is allowed one scale."""
+    pred, groups = np.asarray(pred, float), np.asarray(groups, object)
+    ratios = group_log_ratios(pred, real, groups)
+    scale = np.array([np.exp(ratios.get(g, 0.0)) for g in groups])
+    return smape(pred / scale, real)
