@@ -4,7 +4,8 @@ Compares the real figures (throughput, ITL, TTFT, starved) of two ``planner vali
 that ran the same workloads (same ``workloads.json``; run at different times), computed from their
 stored requests as ``planner rescore`` does, with the SMAPE the twin is scored by. Default: the
 32 CPU validation workloads run twice back to back on one day. Per engine it also gives the mean ITL
-ratio of the two runs: on a CPU VM each engine start runs at its own speed.
+ratio of the two runs: on a shared CPU VM the speed moves from one stretch of minutes to the next,
+and one engine runs all its cases in one stretch.
 
     python benchmarks/real_rerun_noise.py [--a DIR] [--b DIR]   # -> artifacts/benchmarks/real_rerun_noise.json
 """
