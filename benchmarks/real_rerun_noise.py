@@ -38,7 +38,7 @@ def real_figures(work_dir: Path, duration_s: float, warmup_s: float) -> dict[str
     for path in sorted((work_dir / "cases").glob("*.json")):
         case = json.loads(path.read_text(encoding="utf-8"))
         real = recorded_run(work_dir, case, duration_s, warmup_s).real
-        cases[case["case_id"]] = real | {"loadavg_1m": case.get("loadavg_1m")}
+        cases[case["case_id"]] = real | {"loadavg_1m": case.get("loadavg_1m"), "engine": engine_label(case)}
     if not cases:
         sys.exit(f"{work_dir}: no stored cases (cases/*.json of `planner validate`)")
     return cases
@@ -53,13 +53,10 @@ def compare(a: dict[str, dict], b: dict[str, dict], ids: list[str]) -> dict:
     return out
 
 
-def by_engine(work_dir: Path, a: dict[str, dict], b: dict[str, dict], ids: list[str]) -> dict:
-    """Per engine (A_max, max_lora_rank; one vLLM process runs all its cases back to back): the mean log
-    ratio b/a of ITL, and what is left of the ITL SMAPE once each engine's ratio is divided out."""
-    engines = []
-    for i in ids:
-        case = json.loads((work_dir / "cases" / f"{i}.json").read_text(encoding="utf-8"))
-        engines.append(engine_label(case))
+def by_engine(a: dict[str, dict], b: dict[str, dict], ids: list[str]) -> dict:
+    """Per engine of run set ``a`` (A_max, max_lora_rank; one vLLM process runs all its cases back to back):
+    the mean log ratio b/a of ITL, and what is left of the ITL SMAPE once each engine's ratio is divided out."""
+    engines = [a[i]["engine"] for i in ids]
     x, y = (np.array([s[i]["itl_ms_mean"] for i in ids], float) for s in (a, b))
     ratios = group_log_ratios(y, x, engines)
     return {"engines": {e: {"cases": engines.count(e), "itl_log_ratio_b_over_a": ratios[e]} for e in sorted(ratios)},
@@ -84,7 +81,7 @@ def main() -> None:
         "all": compare(a, b, ids),
         "starved_in_a": compare(a, b, starved_in_a) if starved_in_a else None,
         "not_starved_in_a": compare(a, b, [i for i in ids if not a[i]["starved"]]),
-        "itl_by_engine": by_engine(args.a, a, b, ids),
+        "itl_by_engine": by_engine(a, b, ids),
         "per_case": {i: {name: [a[i][key], b[i][key]] for name, key in METRICS.items()}
                      | {"starved": [a[i]["starved"], b[i]["starved"]],
                         "loadavg_1m": [a[i]["loadavg_1m"], b[i]["loadavg_1m"]]} for i in ids},

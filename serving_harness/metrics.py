@@ -179,10 +179,11 @@ class MetricsSeries:
         if inside.size < 2:
             return math.nan
         a, b = inside[0], inside[-1]
-        delta = {c: self.column(c)[b] - self.column(c)[a]
-                 for c in ("finished_decode_time_s", "finished_generation_tokens", "finished_requests")}
-        gaps = delta["finished_generation_tokens"] - delta["finished_requests"]
-        return float(delta["finished_decode_time_s"] / gaps * 1000.0) if gaps > 0 else math.nan
+        decode_s, tokens, requests = (self.values[c][b] - self.values[c][a]
+                                      for c in ("finished_decode_time_s", "finished_generation_tokens",
+                                                "finished_requests"))
+        gaps = tokens - requests
+        return float(decode_s / gaps * 1000.0) if gaps > 0 else math.nan
 
 
 async def fetch_samples(session, base_url: str) -> list[Sample]:

@@ -21,8 +21,8 @@ def group_log_ratios(pred, real, groups) -> dict:
     """Per group label: the mean log(pred / real) over its pairs where both are finite and positive."""
     pred, real, groups = np.asarray(pred, float), np.asarray(real, float), np.asarray(groups, object)
     ok = np.isfinite(pred) & np.isfinite(real) & (pred > 0) & (real > 0)
-    return {g: float(np.mean(np.log(pred[ok & (groups == g)] / real[ok & (groups == g)])))
-            for g in dict.fromkeys(groups[ok])}
+    log_ratio = np.log(pred[ok] / real[ok])
+    return {g: float(np.mean(log_ratio[groups[ok] == g])) for g in dict.fromkeys(groups[ok])}
 
 
 def smape_within_groups(pred, real, groups) -> float:
