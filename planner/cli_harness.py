@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import shlex
 import sys
 from pathlib import Path
@@ -82,9 +83,11 @@ def synth(out_dir, shape, config_only, adapter_ranks, adapters_per_rank, seed, a
 #: or an 8B model on a GPU that holds hundreds of requests.
 DEVICE_DEFAULTS = {
     "cpu": {"batch_sizes": "1,2,4,8,16,32,48", "max_num_batched_tokens": 512, "max_num_seqs": 64,
-            "max_model_len": 2048, "kv_cache_bytes": 4 << 20, "gpu_memory_utilization": None},
+            "max_model_len": 2048, "kv_cache_bytes": 4 << 20, "gpu_memory_utilization": None,
+            "prompt_lengths": "16,128,256,512", "decode_tokens": 80},
     "cuda": {"batch_sizes": "1,8,32,64,128,256", "max_num_batched_tokens": 2048, "max_num_seqs": 512,
-             "max_model_len": 8192, "kv_cache_bytes": None, "gpu_memory_utilization": 0.9},
+             "max_model_len": 8192, "kv_cache_bytes": None, "gpu_memory_utilization": 0.9,
+             "prompt_lengths": "256,512,1024,2048", "decode_tokens": 240},
 }
 
 
@@ -118,6 +121,14 @@ def _int_list(value: str, flag: str) -> tuple[int, ...]:
 @click.option("--batch-sizes", default=None,
               help="Decode batch sizes of the step-latency experiments; the LoRA experiment uses the first "
                    "three of at least 8 [default: 1,2,4,8,16,32,48 on cpu; 1,8,32,64,128,256 on cuda].")
+@click.option("--prompt-lengths", default=None,
+              help="Prompt tokens of the prefill experiment, each within --max-num-batched-tokens (one step) "
+                   "[default: 16,128,256,512 on cpu; 256,512,1024,2048 on cuda, where shorter prompts leave the "
+                   "step memory-bound and understate a prompt token's cost under load].")
+@click.option("--decode-tokens", type=click.IntRange(min=6), default=None,
+              help="Output tokens of the long decode bursts (the short ones have a third); the step time is the "
+                   "makespan difference per extra token, so it must dwarf the HTTP noise [default: 80 on cpu, "
+                   "240 on cuda].")
 @click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=None,
               help="[default: 512 on cpu, 2048 on cuda]")
 @click.option("--max-num-seqs", type=click.IntRange(min=1), default=None, help="[default: 64 on cpu, 512 on cuda]")
@@ -133,8 +144,8 @@ def _int_list(value: str, flag: str) -> tuple[int, ...]:
 @click.option("--json", "as_json", is_flag=True, help="Print the profile JSON.")
 @user_errors
 def profile(device, model_dir, out, profile_id, work_dir, kv_cache_bytes, gpu_memory_utilization, ranks,
-            a_max_points, batch_sizes, max_num_batched_tokens, max_num_seqs, max_model_len, load_format, gpu,
-            calibration_cases, duration, warmup, python, as_json) -> None:
+            a_max_points, batch_sizes, prompt_lengths, decode_tokens, max_num_batched_tokens, max_num_seqs,
+            max_model_len, load_format, gpu, calibration_cases, duration, warmup, python, as_json) -> None:
     """Measure vLLM serving MODEL and fit a twin profile (KV capacity, step latency, LoRA, loads).
 
     Starts one engine per experiment group (about 20 start-ups with the defaults), saves each
@@ -166,12 +177,20 @@ def profile(device, model_dir, out, profile_id, work_dir, kv_cache_bytes, gpu_me
     if not lora_batches:
         raise BadInputError(f"--batch-sizes needs a batch of at least {adapters}: the LoRA experiment spreads "
                             f"a batch over up to {adapters} adapters")
+    budget = max_num_batched_tokens or d["max_num_batched_tokens"]
+    prompts = tuple(sorted(set(_int_list(prompt_lengths or d["prompt_lengths"], "--prompt-lengths"))))
+    if max(prompts) > budget:
+        raise BadInputError(f"--prompt-lengths go up to {max(prompts)}, above --max-num-batched-tokens {budget}: "
+                            "each prompt must be prefilled in one step")
+    if len(prompts) < 2:
+        raise BadInputError("--prompt-lengths needs two lengths or more (kp is the TTFT slope between them)")
     if kv_cache_bytes is None and gpu_memory_utilization is None:
         kv_cache_bytes, gpu_memory_utilization = d["kv_cache_bytes"], d["gpu_memory_utilization"]
     spec = ProfileSpec(
         profile_id=profile_id, model_dir=str(Path(model_dir)), device=device, gpu=gpu,
         load_format=load_format, kv_cache_bytes=kv_cache_bytes, gpu_memory_utilization=gpu_memory_utilization,
-        max_num_batched_tokens=max_num_batched_tokens or d["max_num_batched_tokens"], max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=budget, max_num_seqs=max_num_seqs, prompt_lengths=prompts,
+        decode_tokens=decode_tokens or d["decode_tokens"],
         max_model_len=max_model_len or d["max_model_len"], lora_ranks=rank_list,
         a_max_points=_int_list(a_max_points, "--a-max-points"),
         latency_rank=16 if 16 in rank_list else rank_list[0], batch_sizes=batches, lora_batch_sizes=lora_batches,
@@ -267,8 +286,9 @@ def _write_table(profile_id, prof, rows, out_dir, duration, warmup, seed, record
     for name in ("throughput", "itl", "ttft"):
         click.echo(f"  {name:10s} SMAPE all {summary[f'{name}_smape_pct_all']:6.2f} %  starved "
                    f"{summary[f'{name}_smape_pct_starved']:6.2f} %  not starved {summary[f'{name}_smape_pct_not_starved']:6.2f} %")
-    click.echo(f"  ITL SMAPE with each engine's own twin/real ratio divided out: "
-               f"{summary['itl_smape_pct_within_engines']:.2f} %")
+    within = summary["itl_smape_pct_within_engines"]
+    click.echo("  ITL SMAPE with each engine's own twin/real ratio divided out: "
+               + (f"{within:.2f} %" if math.isfinite(within) else "n/a (no engine ran two workloads)"))
     if summary["itl_engine_cases"]:
         click.echo(f"  ITL timed by the engine core ({summary['itl_engine_cases']} workloads): twin SMAPE "
                    f"{summary['itl_engine_smape_pct_all']:.2f} %, client-timed ITL off it by "
@@ -278,26 +298,34 @@ def _write_table(profile_id, prof, rows, out_dir, duration, warmup, seed, record
 
 @click.command()
 @click.option("--profile", "profile_path", required=True, type=click.Path(exists=True, dir_okay=False),
-              help="Calibrated profile JSON; rewritten with the new fit (its validation figures are dropped).")
+              help="Profile JSON; rewritten with the fit (its validation figures are dropped).")
 @click.option("--runs", "runs_dir", type=click.Path(exists=True, file_okay=False), default=None,
               help="Calibration runs [default: the profile's provenance.calibration.runs].")
+@click.option("--duration", type=click.FloatRange(min=1), default=None,
+              help="Seconds of arrivals per run, as they were made [default: the previous calibration's, else 30].")
+@click.option("--warmup", type=click.FloatRange(min=0), default=None,
+              help="Seconds excluded from the window [default: the previous calibration's, else 5].")
 @click.option("--json", "as_json", is_flag=True, help="Print provenance.calibration as JSON.")
 @user_errors
-def calibrate(profile_path, runs_dir, as_json) -> None:
-    """Refit a profile's step-latency calibration (scales, arrival delay) to its stored runs, without vLLM.
+def calibrate(profile_path, runs_dir, duration, warmup, as_json) -> None:
+    """Fit a profile's step-latency calibration (scales, arrival delay) to stored real runs, without vLLM.
 
     The runs are those `planner profile` made after fitting (calibration cases), or any `planner validate`
     work dir (`--runs`), e.g. the calibration workloads rerun with `--workloads-of`; the fit, the runs'
-    seed and the command are recorded in the profile's provenance. Rerun `planner rescore --record` afterwards.
+    seed and the command are recorded in the profile's provenance. A profile measured with
+    `--calibration-cases 0` (a short GPU lease, say) is calibrated here for the first time from `--runs`
+    made later; validate it on other workloads (another `--seed`). Rerun `planner rescore --record` afterwards.
 
     \b
-    Example:
+    Examples:
       planner calibrate --profile artifacts/profiles/cpu-2core-tiny-llama.json
+      planner validate --profile h100.json --seed 7 --cases 10 --work-dir calib-runs
+      planner calibrate --profile h100.json --runs calib-runs
     """
     from serving_harness.calibration import recalibrate
     from twin.atomic import write_json_atomic
 
-    data = recalibrate(profile_path, _command_line(), runs_dir)
+    data = recalibrate(profile_path, _command_line(), runs_dir, duration, warmup)
     write_json_atomic(profile_path, data)
     fit = data["provenance"]["calibration"]
     if as_json:

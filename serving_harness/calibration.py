@@ -207,17 +207,26 @@ def calibrated_profile(profile: dict, runs: list[RecordedRun], duration_s: float
     }
 
 
-def recalibrate(path: str | Path, command: str, runs_dir: str | Path | None = None) -> dict:
+def recalibrate(path: str | Path, command: str, runs_dir: str | Path | None = None,
+                duration_s: float | None = None, warmup_s: float | None = None) -> dict:
     """The profile JSON at ``path`` with its calibration refitted to its stored calibration runs (or
-    those under ``runs_dir``), no engine needed. Its ``validation`` figures belonged to the previous
-    step latency and are dropped: re-score the validation runs to restore them."""
+    those under ``runs_dir``), no engine needed. A profile measured without calibration cases is
+    calibrated for the first time (its step latency is the micro-benchmark fit; ``runs_dir`` is then
+    needed). Its ``validation`` figures belonged to the previous step latency and are dropped:
+    re-score the validation runs to restore them. ``duration_s``/``warmup_s``: how the runs were made
+    (default: as the previous calibration's, else 30 / 5 s like `planner validate`)."""
     data = json.loads(Path(path).read_text(encoding="utf-8"))
     previous = data.get("provenance", {}).get("calibration")
     micro = (data.get("step_latency_variants") or {}).get("microbenchmarks")
-    if not previous or micro is None:
-        raise BadInputError(f"{path}: not a calibrated profile (no provenance.calibration or no "
-                            "'microbenchmarks' latency variant); calibrate it with `planner profile`")
-    same_runs = runs_dir is None or Path(runs_dir).resolve() == Path(previous["runs"]).resolve()
+    if previous is None:
+        if runs_dir is None:
+            raise BadInputError(f"{path} has not been calibrated: pass --runs (a `planner validate` work dir "
+                                "of workloads it will not be validated on)")
+        previous, micro = {"duration_s": 30.0, "warmup_s": 5.0}, data["step_latency_ms"]
+    elif micro is None:
+        raise BadInputError(f"{path}: calibrated, but its 'microbenchmarks' latency variant is missing; "
+                            "measure it again with `planner profile`")
+    same_runs = runs_dir is None or Path(runs_dir).resolve() == Path(previous.get("runs", "")).resolve()
     runs_dir = Path(runs_dir or previous["runs"])
     if not (runs_dir / "cases").is_dir():
         raise BadInputError(f"{runs_dir}: no stored calibration runs (cases/ and runs/ of `planner profile`)")
@@ -225,7 +234,8 @@ def recalibrate(path: str | Path, command: str, runs_dir: str | Path | None = No
     if seed is None and same_runs:
         seed = previous.get("seed")
     meta = {"seed": seed, "runs": str(runs_dir), "command": command, "date": time.strftime("%Y-%m-%d")}
-    duration, warmup = previous["duration_s"], previous["warmup_s"]
+    duration = previous["duration_s"] if duration_s is None else duration_s
+    warmup = previous["warmup_s"] if warmup_s is None else warmup_s
     data = calibrated_profile({**data, "step_latency_ms": micro}, load_runs(runs_dir, duration, warmup), duration,
                               warmup, meta)
     data.pop("validation", None)

@@ -9,7 +9,10 @@ finished ones, so an interrupted profile resumes) are the smallest set that fixe
 * ``backbone``: B simultaneous base-model requests (short prompt, equal outputs) per batch size, once
   with short and once with long outputs; the makespan difference per extra token is the step time
   of B decodes → k4, k5.
-* ``prefill``: one request at a time with prompts of P tokens; TTFT's slope in P → kp.
+* ``prefill``: one request at a time with prompts of P tokens (each one step: P ≤ the batched-token
+  budget); TTFT's slope in P → kp. On a GPU the prompts are long (256–2048 tokens): shorter ones
+  leave the step bound by reading the weights, and their slope (0.013 ms/token on an H100, 8B) is half
+  what a prompt token costs in the compute-bound steps of a loaded server (0.027).
 * ``lora``: the same with the B requests spread over A_B adapters (A_B ≤ A_max); the step time above
   the backbone's → the additive LoRA term l0 + l1·B + l2·A_B (k6 = 0, k7 = 100).
 * ``load-r<R>``: ``--max-loras 1``; single requests alternating between two adapters of rank r
@@ -20,6 +23,8 @@ finished ones, so an interrupted profile resumes) are the smallest set that fixe
 
 Every experiment drives the server through the same load generator and streaming API as real
 workloads, so the fitted step time includes the API server's and the client's share of the CPU.
+Each engine first serves a few untimed requests: the first ones after start-up pay one-off costs
+(on an H100 the very first burst made a batch-1 step time come out at −11 ms).
 """
 
 from __future__ import annotations
@@ -158,6 +163,21 @@ class Profiler:
         kwargs = {"python": self.python} if self.python else {}
         return Engine(config, self.work / "logs" / f"{name}.log", **kwargs)
 
+    def check_resumable(self) -> None:
+        """Record the spec in ``work_dir/spec.json``; refuse to resume measurements made with another one
+        (results of two settings would be fitted together). Results copied in without it are taken."""
+        path = self.work / "spec.json"
+        mine = {k: v for k, v in json.loads(json.dumps(asdict(self.spec))).items() if k != "profile_id"}
+        if path.is_file():
+            theirs = json.loads(path.read_text(encoding="utf-8"))
+            differ = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
+            if differ:
+                raise BadInputError(f"{self.work} holds measurements made with other settings ("
+                                    + ", ".join(f"{k}: {theirs.get(k)} there, {mine.get(k)} now" for k in differ)
+                                    + "); use another --work-dir")
+        else:
+            write_json_atomic(path, mine)
+
     def _done(self, name: str) -> dict | None:
         path = self.raw / f"{name}.json"
         return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
@@ -177,6 +197,7 @@ class Profiler:
             started = engine.start()
             if not started.ok:
                 raise RuntimeError(f"engine {name} did not start ({started.status}): {started.message}")
+            self.warm_up(engine.base_url)
             for key, fn in todo.items():
                 self._save(key, fn(engine.base_url))
 
@@ -203,6 +224,12 @@ class Profiler:
                 row.update(block_size=int(cc["block_size"]), num_gpu_blocks=int(cc["num_gpu_blocks"]),
                            kv_tokens=int(cc["num_gpu_blocks"]) * int(cc["block_size"]))
         return self._save(name, row)
+
+    def warm_up(self, base_url: str) -> None:
+        """Untimed requests (a burst, then a long prompt) so no experiment pays the first-request costs."""
+        s = self.spec
+        run_trace(base_url, [("base", 16, s.decode_tokens // 3)] * 8, [0.0] * 8, self.shape.vocab_size)
+        run_trace(base_url, [("base", max(s.prompt_lengths), 2)], [0.0], self.shape.vocab_size)
 
     def step_ms(self, base_url: str, models: list[str]) -> float:
         """Decode step time (ms) of a batch of ``len(models)`` requests: the makespan difference of two
@@ -272,6 +299,7 @@ class Profiler:
         """Run every unfinished experiment; return name → raw result."""
         s = self.spec
         self.raw.mkdir(parents=True, exist_ok=True)
+        self.check_resumable()
         self.kv_point("kv-nolora", self.engine_config(1, s.latency_rank, {}, enable_lora=False))
         for r in s.lora_ranks:
             for a in s.a_max_points:

@@ -68,6 +68,47 @@ def test_experiment_names_cover_the_grid(spec):
     assert set(synthetic_raw(spec)) == set(names)
 
 
+def test_timed_experiments_follow_untimed_requests_and_done_ones_start_nothing(spec, tmp_path, monkeypatch):
+    """The first requests after start-up pay one-off costs: each engine serves untimed ones first."""
+    events = []
+
+    class FakeEngine:
+        base_url = "http://engine"
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            events.append("stop")
+
+        def start(self):
+            events.append("start")
+            return profiling.StartResult("ok", "", 1.0)
+
+    monkeypatch.setattr(profiling, "run_trace", lambda url, items, *a, **k: events.append(("untimed", len(items))))
+    profiler = profiling.Profiler(spec, tmp_path / "w")
+    monkeypatch.setattr(profiler, "_engine", lambda config, name: FakeEngine())
+    config = profiler.engine_config(1, 16, {})
+    profiler._with_engine("latency", config, {"backbone": lambda url: events.append("timed") or {"rows": []}})
+    assert events[0] == "start" and events[-2:] == ["timed", "stop"]
+    assert ("untimed", 1) in events[1:-2] and ("untimed", 8) in events[1:-2]
+    events.clear()
+    profiler._with_engine("latency", config, {"backbone": lambda url: events.append("timed")})
+    assert events == []  # backbone.json is there: no engine
+
+
+def test_a_work_dir_resumes_only_measurements_of_the_same_settings(spec, tmp_path):
+    work = tmp_path / "w"
+    profiling.Profiler(spec, work).check_resumable()
+    profiling.Profiler(replace(spec, profile_id="renamed"), work).check_resumable()  # the id is no setting
+    with pytest.raises(profiling.BadInputError, match=r"decode_tokens: 80 there, 240 now.*another --work-dir"):
+        profiling.Profiler(replace(spec, decode_tokens=240), work).check_resumable()
+    copied = tmp_path / "copied"  # results copied in without spec.json (e.g. a KV grid from another run)
+    (copied / "raw").mkdir(parents=True)
+    profiling.Profiler(replace(spec, decode_tokens=240), copied).check_resumable()
+    assert (copied / "spec.json").is_file()
+
+
 def test_validation_cases_span_regimes_and_differ_by_seed(make_profile):
     prof = make_profile(**{"kv_capacity.a_max_points": [1, 8, 32],
                            "kv_capacity.tokens": {str(r): [8192] * 3 for r in (8, 16, 32)},
@@ -129,3 +170,11 @@ def test_calibration_recovers_a_known_slowdown(make_profile):
     fit = calibration.calibrate(prof, runs, 20.0, 2.0)
     assert fit.loss_after <= fit.loss_scales_only < 0.1 * fit.loss_before
     assert np.exp(fit.theta[0]) == pytest.approx(1.5, rel=0.15)
+
+
+def test_itl_within_engines_skips_engines_with_one_case():
+    """An engine with a single case is scored exactly by its own ratio: it is left out, and with only
+    such engines there is nothing to report."""
+    assert np.isnan(smape_within_groups([10.0, 20.0], [12.0, 15.0], ["a", "b"]))
+    left = smape_within_groups([10.0, 10.0, 20.0], [11.0, 10.0 / 1.1, 15.0], ["a", "a", "b"])
+    assert left == pytest.approx(smape_within_groups([10.0, 10.0], [11.0, 10.0 / 1.1], ["a", "a"]))

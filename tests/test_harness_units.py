@@ -357,8 +357,10 @@ def test_profile_on_cuda_sizes_its_batches_for_a_gpu(tmp_path, monkeypatch):
     assert (cuda.device, cuda.max_num_seqs, cuda.max_num_batched_tokens) == ("cuda", 512, 2048)
     assert cuda.max_model_len == 8192
     assert (cuda.gpu_memory_utilization, cuda.kv_cache_bytes) == (0.9, None)  # vLLM sizes the KV cache
+    assert (cuda.prompt_lengths, cuda.decode_tokens) == ((256, 512, 1024, 2048), 240)  # compute-bound prompts
     res, cpu = spec()
     assert res.exit_code == 0 and cpu.batch_sizes == (1, 2, 4, 8, 16, 32, 48) and cpu.lora_batch_sizes == (8, 16, 32)
+    assert (cpu.prompt_lengths, cpu.decode_tokens) == ((16, 128, 256, 512), 80)
     assert (cpu.max_num_seqs, cpu.kv_cache_bytes, cpu.gpu_memory_utilization) == (64, 4 << 20, None)
     res, explicit = spec("--engine", "cuda", "--kv-cache-bytes", "1000000", "--batch-sizes", "16,8,16")
     assert (explicit.kv_cache_bytes, explicit.gpu_memory_utilization, explicit.batch_sizes) == (1000000, None, (8, 16))
@@ -366,6 +368,12 @@ def test_profile_on_cuda_sizes_its_batches_for_a_gpu(tmp_path, monkeypatch):
     assert res.exit_code == 2 and "--batch-sizes go up to 256, above --max-num-seqs 64" in res.output
     res, _ = spec("--batch-sizes", "1,2,4")
     assert res.exit_code == 2 and "a batch of at least 8" in res.output
+    res, _ = spec("--prompt-lengths", "128,1024")
+    assert res.exit_code == 2 and "above --max-num-batched-tokens 512" in res.output
+    res, _ = spec("--prompt-lengths", "64,64")
+    assert res.exit_code == 2 and "two lengths or more" in res.output
+    res, mine = spec("--prompt-lengths", "64,32", "--decode-tokens", "30")
+    assert res.exit_code == 0 and (mine.prompt_lengths, mine.decode_tokens) == ((32, 64), 30)
 
 
 def test_machine_facts_name_the_gpu_nvidia_smi_reports(tmp_path, monkeypatch):
@@ -381,3 +389,26 @@ def test_machine_facts_name_the_gpu_nvidia_smi_reports(tmp_path, monkeypatch):
     smi.write_text("#!/bin/sh\necho 'NVIDIA H100 80GB HBM3, [N/A], 580.159.04'\n")
     assert machine_facts("cuda")["accelerator"] == "CUDA GPU (nvidia-smi unavailable)"
     assert machine_facts("cpu")["accelerator"] == "none (CPU)"
+
+
+def test_calibrate_a_profile_measured_without_calibration_from_runs_made_later(tmp_path):
+    """The H100 profile was measured with --calibration-cases 0; its four real runs calibrate a copy."""
+    from click.testing import CliRunner
+
+    from planner import cli_harness
+
+    root = Path(__file__).parents[1]
+    copy = tmp_path / "h100.json"
+    copy.write_text((root / "artifacts/profiles/h100-80gb-llama-3.1-8b.json").read_text())
+    res = CliRunner().invoke(cli_harness.calibrate, ["--profile", str(copy)])
+    assert res.exit_code == 2 and "has not been calibrated: pass --runs" in res.output
+    runs = root / "datasets/measured/h100-80gb-llama-3.1-8b/validation"
+    res = CliRunner().invoke(cli_harness.calibrate, ["--profile", str(copy), "--runs", str(runs)])
+    assert res.exit_code == 0, res.output
+    before, after = (json.loads(p.read_text()) for p in (root / "artifacts/profiles/h100-80gb-llama-3.1-8b.json", copy))
+    fit = after["provenance"]["calibration"]
+    assert after["step_latency_variants"]["microbenchmarks"] == before["step_latency_ms"]
+    assert (fit["workloads"], fit["seed"], fit["duration_s"], fit["warmup_s"]) == (4, 2024, 30.0, 5.0)
+    assert fit["loss_after"] < fit["loss_before"] and "validation" not in after
+    res = CliRunner().invoke(cli_harness.calibrate, ["--profile", str(copy)])  # refit to the same runs
+    assert res.exit_code == 0 and json.loads(copy.read_text())["provenance"]["calibration"]["scales"] == fit["scales"]

@@ -27,8 +27,13 @@ def group_log_ratios(pred, real, groups) -> dict:
 
 def smape_within_groups(pred, real, groups) -> float:
     """SMAPE once each group's mean log ratio (:func:`group_log_ratios`) is divided out of ``pred``:
-    what is left when every group (e.g. one engine, running at its own speed) is allowed one scale."""
-    pred, groups = np.asarray(pred, float), np.asarray(groups, object)
+    what is left when every group (e.g. one engine, running at its own speed) is allowed one scale.
+    Only groups of two or more scored pairs count (one pair divided by its own ratio says nothing);
+    NaN when there are none."""
+    pred, real, groups = np.asarray(pred, float), np.asarray(real, float), np.asarray(groups, object)
     ratios = group_log_ratios(pred, real, groups)
-    scale = np.array([np.exp(ratios.get(g, 0.0)) for g in groups])
-    return smape(pred / scale, real)
+    ok = np.isfinite(pred) & np.isfinite(real) & (pred > 0) & (real > 0)
+    labels, counts = np.unique(groups[ok].astype(str), return_counts=True)
+    keep = ok & np.isin(groups.astype(str), labels[counts >= 2])
+    scale = np.array([np.exp(ratios.get(g, 0.0)) for g in groups[keep]])
+    return smape(pred[keep] / scale, real[keep])
