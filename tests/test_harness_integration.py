@@ -3,7 +3,8 @@
 One engine serves a short two-adapter Poisson workload while /metrics is scraped; the per-request
 records, the engine's token counters and its KV configuration must agree. A second start-up with a
 KV cache too small for one max-length request must come back as a ``memory_error`` result. No
-engine process may outlive its test. Runs in about 1.5 minutes on 2 CPU cores.
+engine process may outlive its test. A small `planner profile` starts four engines, fits every term
+and resumes without engines. Runs in about 5 minutes on 2 CPU cores.
 """
 
 from __future__ import annotations
@@ -105,3 +106,49 @@ def test_kv_cache_too_small_is_a_memory_error_result(tiny):
     assert result.status == "memory_error", result
     assert "KV cache" in result.message and "\n" not in result.message
     assert not group_alive(engine.pid)
+
+
+def engines_alive(needle: str) -> list[int]:
+    """PIDs whose command line mentions ``needle`` (the engines of one test)."""
+    pids = []
+    for proc in os.listdir("/proc"):
+        if proc.isdigit():
+            try:
+                with open(f"/proc/{proc}/cmdline", "rb") as f:
+                    if needle.encode() in f.read():
+                        pids.append(int(proc))
+            except OSError:
+                continue
+    return pids
+
+
+def test_planner_profile_measures_real_engines_and_resumes_without_one(tiny, tmp_path):
+    """A small `planner profile` (one rank, one KV point, batches 1 and 8): four real engines, every term
+    fitted, none left running; a rerun fits from the stored results without starting any, and a rerun
+    with other settings is refused."""
+    from click.testing import CliRunner
+
+    from planner import cli_harness
+    from twin.profile import load_profile
+
+    _, model, _, _ = tiny
+    work, out = tmp_path / "work", tmp_path / "p.json"
+    args = ["--engine", "cpu", "--model", str(model), "--out", str(out), "--work-dir", str(work), "--ranks", "8",
+            "--a-max-points", "1", "--batch-sizes", "1,8", "--calibration-cases", "0", "--python", sys.executable]
+    res = CliRunner().invoke(cli_harness.profile, args)
+    assert res.exit_code == 0, res.output
+    prof = load_profile(out)
+    lat = prof.step_latency
+    assert prof.kv.no_lora_tokens == prof.kv.tokens_for(1, 8) > 0  # explicit KV size on CPU
+    assert lat.k5 > 0 and lat.k4 > 0 and lat.kp > 0
+    assert prof.provenance["vllm_version"].startswith("0.") and prof.provenance["spec"]["decode_tokens"] == 80
+    logs = sorted(p.name for p in (work / "logs").glob("*.log"))
+    assert logs == ["kv-a1-r8.log", "kv-nolora.log", "latency.log", "slot1-r8.log"]
+    assert not engines_alive(str(model))
+    stamps = {p: p.stat().st_mtime_ns for p in (work / "logs").glob("*.log")}
+    res = CliRunner().invoke(cli_harness.profile, args)
+    assert res.exit_code == 0, res.output
+    assert {p: p.stat().st_mtime_ns for p in (work / "logs").glob("*.log")} == stamps  # no engine started
+    assert load_profile(out).step_latency == lat
+    res = CliRunner().invoke(cli_harness.profile, [*args, "--decode-tokens", "30"])
+    assert res.exit_code == 2 and "decode_tokens: 80 there, 30 now" in res.output
