@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# One GPU lease of this workplace's device tool, as session 19 ran it (README.md, "Next GPU lease").
+# A call carries at most 64 MiB and the machine goes back after 30 s idle, so: stage vLLM with
+# carry_vllm.sh, move the large tracked files out of the tree, carry the three parts in three calls
+# back to back, then start the job in its own session and poll it with calls of up to 10 minutes.
+#
+#   bash lease.sh stash | unstash   here: move tracked files over 300 kB to /tmp/lease-stash and back
+#   bash lease.sh copy DIR          there: copy DIR/part.* (the carried parts) to /tmp/parts
+#   bash lease.sh start DIR         there: copy, join and check the parts (DIR/site.sha), unpack vLLM to
+#                                   /tmp/site, start `job` in its own session
+#   bash lease.sh job               there (started by `start`): profile, then validate, under /tmp/gpuwork
+#   bash lease.sh wait SECONDS      there: wait for the job (or SECONDS), print its progress and the
+#                                   engines' key log lines, pack /tmp/gpuwork (no adapters) into $OUT
+#
+# job settings: RESUME_KV (default 1) copies this folder's raw/kv-*.json into the fresh work dir (the KV grid does
+# not depend on the latency settings); CASES (default 5) validation workloads; CALIBRATION (default 0)
+# calibration cases of `planner profile`.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../../.." && pwd)
+W=/tmp/gpuwork
+case "${1:-}" in
+stash | unstash)
+  cd "$repo"
+  list=/tmp/lease-stash.txt
+  if [ "$1" = stash ]; then
+    [ -e $list ] && { echo "already stashed ($list): unstash first"; exit 1; }
+    git ls-files -z | xargs -0 du -b | awk '$1 > 300000 {print $2}' > $list
+    while read -r f; do mkdir -p "/tmp/lease-stash/$(dirname "$f")" && mv "$f" "/tmp/lease-stash/$f"; done < $list
+  else
+    while read -r f; do mv "/tmp/lease-stash/$f" "$f"; done < $list && rm $list
+  fi
+  git status --short | head; { git ls-files -z | xargs -0 du -bc 2>/dev/null || true; } | tail -n 1 ;;
+copy)
+  mkdir -p /tmp/parts && cp "$2"/part.* /tmp/parts/ && ls -la /tmp/parts ;;
+start)
+  bash "$0" copy "$2" || exit 1
+  (cd /tmp/parts && cat part.* > site.tar.xz && sha256sum -c "$(realpath "$2")/site.sha") || exit 1
+  xz -T0 -dc /tmp/parts/site.tar.xz | tar -x -C /tmp && du -sh /tmp/site && mkdir -p $W
+  setsid nohup bash "$0" job > $W/job.log 2>&1 < /dev/null &
+  sleep 2; echo started ;;
+job)
+  cd "$repo"
+  export PYTHONPATH=/tmp/site:$repo PYTHONUNBUFFERED=1
+  mkdir -p $W/profile/raw
+  [ "${RESUME_KV:-1}" = 1 ] && cp "$here"/raw/kv-*.json $W/profile/raw/
+  date; nvidia-smi -L
+  python3 -m planner.cli synth --out /tmp/l8 --shape llama-3.1-8b --config-only --adapters-per-rank 0
+  python3 -m planner.cli profile --engine cuda --gpu 0 --model /tmp/l8/model --load-format dummy \
+    --gpu-memory-utilization 0.9 --ranks 16,32 --a-max-points 8,128 --max-num-batched-tokens 2048 \
+    --max-num-seqs 512 --max-model-len 8192 --calibration-cases "${CALIBRATION:-0}" \
+    --id h100-80gb-llama-3.1-8b --out $W/h100-80gb-llama-3.1-8b.json --work-dir $W/profile
+  echo "PROFILE_RC=$?"; date
+  python3 -m planner.cli validate --profile $W/h100-80gb-llama-3.1-8b.json --cases "${CASES:-5}" \
+    --work-dir $W/validation --out-dir $W/validation-out
+  echo "VALIDATE_RC=$?"; date ;;
+wait)
+  end=$((SECONDS + $2))
+  while [ $SECONDS -lt $end ] && ! grep -q VALIDATE_RC $W/job.log 2>/dev/null; do sleep 5; done
+  tr '\r' '\n' < $W/job.log | grep -v '^\s*$' | tail -n 40
+  ls -la $W/profile/raw $W/validation/cases 2>/dev/null
+  for f in $W/profile/logs/*.log $W/validation/logs/*.log; do
+    [ -f "$f" ] && echo "== $f" && grep -E "KV cache size|Model loading took|init engine|Graph capturing finished|ERROR|Error" "$f" | tail -n 6
+  done
+  tar -C $W --exclude=adapters -cJf "$OUT/gpuwork.tar.xz" . && ls -la "$OUT" ;;
+*)
+  sed -n 2,18p "$0"; exit 2 ;;
+esac
