@@ -85,7 +85,7 @@ DEVICE_DEFAULTS = {
     "cpu": {"batch_sizes": "1,2,4,8,16,32,48", "max_num_batched_tokens": 512, "max_num_seqs": 64,
             "max_model_len": 2048, "kv_cache_bytes": 4 << 20, "gpu_memory_utilization": None,
             "prompt_lengths": "16,128,256,512", "decode_tokens": 80},
-    "cuda": {"batch_sizes": "1,8,32,64,128,256", "max_num_batched_tokens": 2048, "max_num_seqs": 512,
+    "cuda": {"batch_sizes": "1,8,32,64,128,256,512", "max_num_batched_tokens": 2048, "max_num_seqs": 512,
              "max_model_len": 8192, "kv_cache_bytes": None, "gpu_memory_utilization": 0.9,
              "prompt_lengths": "256,512,1024,2048", "decode_tokens": 240},
 }
@@ -119,8 +119,9 @@ def _int_list(value: str, flag: str) -> tuple[int, ...]:
 @click.option("--ranks", default="8,16,32", show_default=True, help="max_lora_rank values to profile.")
 @click.option("--a-max-points", default="1,8,32", show_default=True, help="--max-loras values of the KV grid.")
 @click.option("--batch-sizes", default=None,
-              help="Decode batch sizes of the step-latency experiments; the LoRA experiment uses the first "
-                   "three of at least 8 [default: 1,2,4,8,16,32,48 on cpu; 1,8,32,64,128,256 on cuda].")
+              help="Decode batch sizes of the step-latency experiments; the LoRA experiment uses the smallest "
+                   "of at least 8, the largest and the middle one, so its fit spans the batches a loaded server "
+                   "runs [default: 1,2,4,8,16,32,48 on cpu; 1,8,32,64,128,256,512 on cuda].")
 @click.option("--prompt-lengths", default=None,
               help="Prompt tokens of the prefill experiment, each within --max-num-batched-tokens (one step) "
                    "[default: 16,128,256,512 on cpu; 256,512,1024,2048 on cuda, where shorter prompts leave the "
@@ -173,7 +174,8 @@ def profile(device, model_dir, out, profile_id, work_dir, kv_cache_bytes, gpu_me
     if max(batches) > max_num_seqs:
         raise BadInputError(f"--batch-sizes go up to {max(batches)}, above --max-num-seqs {max_num_seqs}")
     adapters = max(ProfileSpec.adapter_counts)
-    lora_batches = tuple(b for b in batches if b >= adapters)[:3]
+    wide = [b for b in batches if b >= adapters]
+    lora_batches = tuple(sorted({wide[0], wide[len(wide) // 2], wide[-1]})) if wide else ()
     if not lora_batches:
         raise BadInputError(f"--batch-sizes needs a batch of at least {adapters}: the LoRA experiment spreads "
                             f"a batch over up to {adapters} adapters")

@@ -14,7 +14,9 @@ finished ones, so an interrupted profile resumes) are the smallest set that fixe
   leave the step bound by reading the weights, and their slope (0.013 ms/token on an H100, 8B) is half
   what a prompt token costs in the compute-bound steps of a loaded server (0.027).
 * ``lora``: the same with the B requests spread over A_B adapters (A_B ≤ A_max); the step time above
-  the backbone's → the additive LoRA term l0 + l1·B + l2·A_B (k6 = 0, k7 = 100).
+  the backbone's → the additive LoRA term l0 + l1·B + l2·A_B (k6 = 0, k7 = 100). Its batches span the
+  backbone's (the CLI takes the smallest of at least 8, the middle and the largest): on an H100 a fit
+  over 8–64 gave l1 < 0, a negative LoRA overhead at the 512 requests of a loaded engine.
 * ``load-r<R>``: ``--max-loras 1``; single requests alternating between two adapters of rank r
   (each request swaps the GPU slot) against requests repeating one adapter: the TTFT difference is
   the slot activation (load) latency for (max_lora_rank R, adapter rank r).

@@ -353,19 +353,20 @@ def test_profile_on_cuda_sizes_its_batches_for_a_gpu(tmp_path, monkeypatch):
         return res, seen.get("spec")
 
     res, cuda = spec("--engine", "cuda")
-    assert res.exit_code == 0 and cuda.batch_sizes == (1, 8, 32, 64, 128, 256) and cuda.lora_batch_sizes == (8, 32, 64)
+    assert res.exit_code == 0 and cuda.batch_sizes == (1, 8, 32, 64, 128, 256, 512)
+    assert cuda.lora_batch_sizes == (8, 128, 512)  # spans the batches: no extrapolation of the LoRA term
     assert (cuda.device, cuda.max_num_seqs, cuda.max_num_batched_tokens) == ("cuda", 512, 2048)
     assert cuda.max_model_len == 8192
     assert (cuda.gpu_memory_utilization, cuda.kv_cache_bytes) == (0.9, None)  # vLLM sizes the KV cache
     assert (cuda.prompt_lengths, cuda.decode_tokens) == ((256, 512, 1024, 2048), 240)  # compute-bound prompts
     res, cpu = spec()
-    assert res.exit_code == 0 and cpu.batch_sizes == (1, 2, 4, 8, 16, 32, 48) and cpu.lora_batch_sizes == (8, 16, 32)
+    assert res.exit_code == 0 and cpu.batch_sizes == (1, 2, 4, 8, 16, 32, 48) and cpu.lora_batch_sizes == (8, 32, 48)
     assert (cpu.prompt_lengths, cpu.decode_tokens) == ((16, 128, 256, 512), 80)
     assert (cpu.max_num_seqs, cpu.kv_cache_bytes, cpu.gpu_memory_utilization) == (64, 4 << 20, None)
     res, explicit = spec("--engine", "cuda", "--kv-cache-bytes", "1000000", "--batch-sizes", "16,8,16")
     assert (explicit.kv_cache_bytes, explicit.gpu_memory_utilization, explicit.batch_sizes) == (1000000, None, (8, 16))
     res, _ = spec("--engine", "cuda", "--max-num-seqs", "64")
-    assert res.exit_code == 2 and "--batch-sizes go up to 256, above --max-num-seqs 64" in res.output
+    assert res.exit_code == 2 and "--batch-sizes go up to 512, above --max-num-seqs 64" in res.output
     res, _ = spec("--batch-sizes", "1,2,4")
     assert res.exit_code == 2 and "a batch of at least 8" in res.output
     res, _ = spec("--prompt-lengths", "128,1024")
