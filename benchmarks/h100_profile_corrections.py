@@ -75,7 +75,7 @@ def main() -> None:
     duration_s, warmup_s = table["duration_s"], table["warmup_s"]
     rows = [json.loads(p.read_text(encoding="utf-8")) for p in sorted((MEASURED / "validation/cases").glob("*.json"))]
     fixes = corrections()
-    variants = {"as measured": {}, **{name: fix for name, fix in fixes.items()},
+    variants = {"as measured": {}, **fixes,
                 "all three": {k: v for fix in fixes.values() for k, v in fix.items()}}
     results = {}
     for name, terms in variants.items():

@@ -175,10 +175,10 @@ def profile(device, model_dir, out, profile_id, work_dir, kv_cache_bytes, gpu_me
         raise BadInputError(f"--batch-sizes go up to {max(batches)}, above --max-num-seqs {max_num_seqs}")
     adapters = max(ProfileSpec.adapter_counts)
     wide = [b for b in batches if b >= adapters]
-    lora_batches = tuple(sorted({wide[0], wide[len(wide) // 2], wide[-1]})) if wide else ()
-    if not lora_batches:
-        raise BadInputError(f"--batch-sizes needs a batch of at least {adapters}: the LoRA experiment spreads "
-                            f"a batch over up to {adapters} adapters")
+    if len(wide) < 2:
+        raise BadInputError(f"--batch-sizes needs two batches of at least {adapters}: the LoRA experiment spreads "
+                            f"a batch over up to {adapters} adapters and fits its per-request slope between them")
+    lora_batches = tuple(sorted({wide[0], wide[len(wide) // 2], wide[-1]}))
     budget = max_num_batched_tokens or d["max_num_batched_tokens"]
     prompts = tuple(sorted(set(_int_list(prompt_lengths or d["prompt_lengths"], "--prompt-lengths"))))
     if max(prompts) > budget:
@@ -186,14 +186,18 @@ def profile(device, model_dir, out, profile_id, work_dir, kv_cache_bytes, gpu_me
                             "each prompt must be prefilled in one step")
     if len(prompts) < 2:
         raise BadInputError("--prompt-lengths needs two lengths or more (kp is the TTFT slope between them)")
+    max_model_len = max_model_len or d["max_model_len"]
+    decode_tokens = decode_tokens or d["decode_tokens"]
+    for what, tokens in (("the longest --prompt-lengths", max(prompts) + 2), ("--decode-tokens", 16 + decode_tokens)):
+        if tokens > max_model_len:
+            raise BadInputError(f"{what} makes requests of {tokens} tokens, above --max-model-len {max_model_len}")
     if kv_cache_bytes is None and gpu_memory_utilization is None:
         kv_cache_bytes, gpu_memory_utilization = d["kv_cache_bytes"], d["gpu_memory_utilization"]
     spec = ProfileSpec(
         profile_id=profile_id, model_dir=str(Path(model_dir)), device=device, gpu=gpu,
         load_format=load_format, kv_cache_bytes=kv_cache_bytes, gpu_memory_utilization=gpu_memory_utilization,
         max_num_batched_tokens=budget, max_num_seqs=max_num_seqs, prompt_lengths=prompts,
-        decode_tokens=decode_tokens or d["decode_tokens"],
-        max_model_len=max_model_len or d["max_model_len"], lora_ranks=rank_list,
+        decode_tokens=decode_tokens, max_model_len=max_model_len, lora_ranks=rank_list,
         a_max_points=_int_list(a_max_points, "--a-max-points"),
         latency_rank=16 if 16 in rank_list else rank_list[0], batch_sizes=batches, lora_batch_sizes=lora_batches,
     )
@@ -271,6 +275,11 @@ def validate(profile_id, model_dir, cases, duration, warmup, seed, work_dir, wor
     _write_table(profile_id, prof, rows, out_dir, duration, warmup, seed, record, as_json)
 
 
+def _pct(value: float) -> str:
+    """A SMAPE for the summary lines; n/a where a regime had no workload."""
+    return f"{value:6.2f} %" if math.isfinite(value) else "   n/a  "
+
+
 def _write_table(profile_id, prof, rows, out_dir, duration, warmup, seed, record, as_json) -> None:
     """Report the compared ``rows`` (table, CSV, plot; the summary in the profile with ``record``) and print."""
     from serving_harness.validation import record_summary, report, run_meta
@@ -286,11 +295,12 @@ def _write_table(profile_id, prof, rows, out_dir, duration, warmup, seed, record
     click.echo(f"{summary['cases']} workloads ({summary['real_starved']} starved in reality); "
                f"starved agreement {summary['starved_agreement_pct']:.1f} %")
     for name in ("throughput", "itl", "ttft"):
-        click.echo(f"  {name:10s} SMAPE all {summary[f'{name}_smape_pct_all']:6.2f} %  starved "
-                   f"{summary[f'{name}_smape_pct_starved']:6.2f} %  not starved {summary[f'{name}_smape_pct_not_starved']:6.2f} %")
+        click.echo(f"  {name:10s} SMAPE all {_pct(summary[f'{name}_smape_pct_all'])}  starved "
+                   f"{_pct(summary[f'{name}_smape_pct_starved'])}  not starved "
+                   f"{_pct(summary[f'{name}_smape_pct_not_starved'])}")
     within = summary["itl_smape_pct_within_engines"]
     click.echo("  ITL SMAPE with each engine's own twin/real ratio divided out: "
-               + (f"{within:.2f} %" if math.isfinite(within) else "n/a (no engine ran two workloads)"))
+               + (_pct(within) if math.isfinite(within) else "n/a (no engine ran two workloads)"))
     if summary["itl_engine_cases"]:
         click.echo(f"  ITL timed by the engine core ({summary['itl_engine_cases']} workloads): twin SMAPE "
                    f"{summary['itl_engine_smape_pct_all']:.2f} %, client-timed ITL off it by "

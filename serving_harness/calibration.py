@@ -219,6 +219,9 @@ def recalibrate(path: str | Path, command: str, runs_dir: str | Path | None = No
     previous = data.get("provenance", {}).get("calibration")
     micro = (data.get("step_latency_variants") or {}).get("microbenchmarks")
     if previous is None:
+        if data.get("provenance", {}).get("kind") != "measured":
+            raise BadInputError(f"{path} was not measured by `planner profile`: only a measured profile's "
+                                "micro-benchmark fit can be calibrated")
         if runs_dir is None:
             raise BadInputError(f"{path} has not been calibrated: pass --runs (a `planner validate` work dir "
                                 "of workloads it will not be validated on)")

@@ -109,10 +109,13 @@ def _single_burst(names_and_lengths: list[tuple[str, int, int]], arrivals: list[
 
 def run_trace(base_url: str, items: list[tuple[str, int, int]], arrivals: list[float], vocab_size: int,
               timeout_s: float = 300.0) -> RunRecords:
-    """Send a small trace and wait for every request (up to ``timeout_s``)."""
+    """Send a small trace and wait for every request (up to ``timeout_s``); every one must succeed."""
     requests, names = _single_burst(items, arrivals)
     window = max(arrivals) + 1e-3
-    return run_load(base_url, requests, names, window, vocab_size=vocab_size, drain_s=timeout_s)
+    rec = run_load(base_url, requests, names, window, vocab_size=vocab_size, drain_s=timeout_s)
+    if not np.all(rec.error == ""):
+        raise RuntimeError(f"profiling requests failed: {sorted(set(rec.error.tolist()) - {''})}")
+    return rec
 
 
 def decode_itl_ms(records: RunRecords, rows: np.ndarray | None = None) -> float:
@@ -166,10 +169,14 @@ class Profiler:
         return Engine(config, self.work / "logs" / f"{name}.log", **kwargs)
 
     def check_resumable(self) -> None:
-        """Record the spec in ``work_dir/spec.json``; refuse to resume measurements made with another one
-        (results of two settings would be fitted together). Results copied in without it are taken."""
+        """Record the settings in ``work_dir/spec.json`` (the spec less its id and model path, plus the
+        model's shape); refuse to resume results measured with other ones, which would be fitted
+        together. Without spec.json only KV points (``raw/kv-*.json``, e.g. copied from a run with the
+        same engine settings) are taken."""
         path = self.work / "spec.json"
-        mine = {k: v for k, v in json.loads(json.dumps(asdict(self.spec))).items() if k != "profile_id"}
+        mine = {k: v for k, v in json.loads(json.dumps(asdict(self.spec))).items()
+                if k not in ("profile_id", "model_dir")}
+        mine["model_shape"] = asdict(self.shape)
         if path.is_file():
             theirs = json.loads(path.read_text(encoding="utf-8"))
             differ = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
@@ -178,6 +185,10 @@ class Profiler:
                                     + ", ".join(f"{k}: {theirs.get(k)} there, {mine.get(k)} now" for k in differ)
                                     + "); use another --work-dir")
         else:
+            unknown = sorted(p.name for p in self.raw.glob("*.json") if not p.name.startswith("kv-"))
+            if unknown:
+                raise BadInputError(f"{self.raw} holds {', '.join(unknown)} but no spec.json says how they were "
+                                    "measured; keep only kv-*.json there or use another --work-dir")
             write_json_atomic(path, mine)
 
     def _done(self, name: str) -> dict | None:
@@ -199,7 +210,7 @@ class Profiler:
             started = engine.start()
             if not started.ok:
                 raise RuntimeError(f"engine {name} did not start ({started.status}): {started.message}")
-            self.warm_up(engine.base_url)
+            self.warm_up(engine.base_url, [n for n, _ in config.adapters])
             for key, fn in todo.items():
                 self._save(key, fn(engine.base_url))
 
@@ -227,11 +238,12 @@ class Profiler:
                            kv_tokens=int(cc["num_gpu_blocks"]) * int(cc["block_size"]))
         return self._save(name, row)
 
-    def warm_up(self, base_url: str) -> None:
-        """Untimed requests (a burst, then a long prompt) so no experiment pays the first-request costs."""
-        s = self.spec
-        run_trace(base_url, [("base", 16, s.decode_tokens // 3)] * 8, [0.0] * 8, self.shape.vocab_size)
-        run_trace(base_url, [("base", max(s.prompt_lengths), 2)], [0.0], self.shape.vocab_size)
+    def warm_up(self, base_url: str, adapters: list[str]) -> None:
+        """Untimed requests (a burst with one request per adapter, then the longest prompt) so no
+        experiment pays the engine's first-request costs or an adapter's first load from disk."""
+        items = [("base", 16, self.spec.decode_tokens // 3)] * 8 + [(a, 16, 2) for a in adapters]
+        run_trace(base_url, items, [0.0] * len(items), self.shape.vocab_size)
+        run_trace(base_url, [("base", max(self.spec.prompt_lengths), 2)], [0.0], self.shape.vocab_size)
 
     def step_ms(self, base_url: str, models: list[str]) -> float:
         """Decode step time (ms) of a batch of ``len(models)`` requests: the makespan difference of two
@@ -242,8 +254,6 @@ class Profiler:
         spans = []
         for out in (short, long_):
             rec = run_trace(base_url, [(m, 16, out) for m in models], [0.0] * n, self.shape.vocab_size)
-            if not np.all(rec.error == ""):
-                raise RuntimeError(f"step-time burst failed: {sorted(set(rec.error.tolist()))}")
             spans.append(float(np.max(rec.finish_s) - np.min(rec.sent_s)))
         return (spans[1] - spans[0]) / (long_ - short) * 1000.0
 

@@ -88,10 +88,10 @@ def test_timed_experiments_follow_untimed_requests_and_done_ones_start_nothing(s
     monkeypatch.setattr(profiling, "run_trace", lambda url, items, *a, **k: events.append(("untimed", len(items))))
     profiler = profiling.Profiler(spec, tmp_path / "w")
     monkeypatch.setattr(profiler, "_engine", lambda config, name: FakeEngine())
-    config = profiler.engine_config(1, 16, {})
+    config = profiler.engine_config(1, 16, {"x": "/adapters/x", "y": "/adapters/y"})
     profiler._with_engine("latency", config, {"backbone": lambda url: events.append("timed") or {"rows": []}})
     assert events[0] == "start" and events[-2:] == ["timed", "stop"]
-    assert ("untimed", 1) in events[1:-2] and ("untimed", 8) in events[1:-2]
+    assert ("untimed", 1) in events[1:-2] and ("untimed", 8 + 2) in events[1:-2]  # a burst and each adapter
     events.clear()
     profiler._with_engine("latency", config, {"backbone": lambda url: events.append("timed")})
     assert events == []  # backbone.json is there: no engine
@@ -99,14 +99,26 @@ def test_timed_experiments_follow_untimed_requests_and_done_ones_start_nothing(s
 
 def test_a_work_dir_resumes_only_measurements_of_the_same_settings(spec, tmp_path):
     work = tmp_path / "w"
+    (work / "raw").mkdir(parents=True)
     profiling.Profiler(spec, work).check_resumable()
-    profiling.Profiler(replace(spec, profile_id="renamed"), work).check_resumable()  # the id is no setting
+    moved = synth.write_model(tmp_path / "elsewhere", synth.ModelShape(), weights=False)  # same shape
+    profiling.Profiler(replace(spec, profile_id="renamed", model_dir=str(moved)), work).check_resumable()
     with pytest.raises(profiling.BadInputError, match=r"decode_tokens: 80 there, 240 now.*another --work-dir"):
         profiling.Profiler(replace(spec, decode_tokens=240), work).check_resumable()
-    copied = tmp_path / "copied"  # results copied in without spec.json (e.g. a KV grid from another run)
+    deeper = synth.write_model(tmp_path / "deeper", synth.ModelShape(num_hidden_layers=3), weights=False)
+    with pytest.raises(profiling.BadInputError, match="model_shape"):
+        profiling.Profiler(replace(spec, model_dir=str(deeper)), work).check_resumable()
+    copied = tmp_path / "copied"  # a KV grid copied from another run, without spec.json: taken
     (copied / "raw").mkdir(parents=True)
+    (copied / "raw" / "kv-nolora.json").write_text("{}")
     profiling.Profiler(replace(spec, decode_tokens=240), copied).check_resumable()
     assert (copied / "spec.json").is_file()
+    unknown = tmp_path / "unknown"  # latency results of unknown settings: refused
+    (unknown / "raw").mkdir(parents=True)
+    (unknown / "raw" / "backbone.json").write_text("{}")
+    with pytest.raises(profiling.BadInputError, match="backbone.json but no spec.json"):
+        profiling.Profiler(spec, unknown).check_resumable()
+    assert not (unknown / "spec.json").exists()
 
 
 def test_validation_cases_span_regimes_and_differ_by_seed(make_profile):

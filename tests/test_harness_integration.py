@@ -123,7 +123,7 @@ def engines_alive(needle: str) -> list[int]:
 
 
 def test_planner_profile_measures_real_engines_and_resumes_without_one(tiny, tmp_path):
-    """A small `planner profile` (one rank, one KV point, batches 1 and 8): four real engines, every term
+    """A small `planner profile` (one rank, one KV point, batches 1, 8, 16): four real engines, every term
     fitted, none left running; a rerun fits from the stored results without starting any, and a rerun
     with other settings is refused."""
     from click.testing import CliRunner
@@ -134,7 +134,7 @@ def test_planner_profile_measures_real_engines_and_resumes_without_one(tiny, tmp
     _, model, _, _ = tiny
     work, out = tmp_path / "work", tmp_path / "p.json"
     args = ["--engine", "cpu", "--model", str(model), "--out", str(out), "--work-dir", str(work), "--ranks", "8",
-            "--a-max-points", "1", "--batch-sizes", "1,8", "--calibration-cases", "0", "--python", sys.executable]
+            "--a-max-points", "1", "--batch-sizes", "1,8,16", "--calibration-cases", "0", "--python", sys.executable]
     res = CliRunner().invoke(cli_harness.profile, args)
     assert res.exit_code == 0, res.output
     prof = load_profile(out)

@@ -365,10 +365,16 @@ def test_profile_on_cuda_sizes_its_batches_for_a_gpu(tmp_path, monkeypatch):
     assert (cpu.max_num_seqs, cpu.kv_cache_bytes, cpu.gpu_memory_utilization) == (64, 4 << 20, None)
     res, explicit = spec("--engine", "cuda", "--kv-cache-bytes", "1000000", "--batch-sizes", "16,8,16")
     assert (explicit.kv_cache_bytes, explicit.gpu_memory_utilization, explicit.batch_sizes) == (1000000, None, (8, 16))
+    assert explicit.lora_batch_sizes == (8, 16)
     res, _ = spec("--engine", "cuda", "--max-num-seqs", "64")
     assert res.exit_code == 2 and "--batch-sizes go up to 512, above --max-num-seqs 64" in res.output
-    res, _ = spec("--batch-sizes", "1,2,4")
-    assert res.exit_code == 2 and "a batch of at least 8" in res.output
+    for one_lora_batch in ("1,2,4", "1,8"):  # the LoRA slope needs two batches
+        res, _ = spec("--batch-sizes", one_lora_batch)
+        assert res.exit_code == 2 and "two batches of at least 8" in res.output
+    res, _ = spec("--max-model-len", "500")
+    assert res.exit_code == 2 and "requests of 514 tokens, above --max-model-len 500" in res.output
+    res, _ = spec("--decode-tokens", "600", "--max-model-len", "600")
+    assert res.exit_code == 2 and "--decode-tokens makes requests of 616 tokens" in res.output
     res, _ = spec("--prompt-lengths", "128,1024")
     assert res.exit_code == 2 and "above --max-num-batched-tokens 512" in res.output
     res, _ = spec("--prompt-lengths", "64,64")
@@ -404,6 +410,10 @@ def test_calibrate_a_profile_measured_without_calibration_from_runs_made_later(t
     res = CliRunner().invoke(cli_harness.calibrate, ["--profile", str(copy)])
     assert res.exit_code == 2 and "has not been calibrated: pass --runs" in res.output
     runs = root / "datasets/measured/h100-80gb-llama-3.1-8b/validation"
+    study = tmp_path / "study.json"  # a published profile has no micro-benchmark fit to calibrate
+    study.write_text((root / "artifacts/profiles/h100-64gb-llama-3.1-8b.json").read_text())
+    res = CliRunner().invoke(cli_harness.calibrate, ["--profile", str(study), "--runs", str(runs)])
+    assert res.exit_code == 2 and "not measured by `planner profile`" in res.output
     res = CliRunner().invoke(cli_harness.calibrate, ["--profile", str(copy), "--runs", str(runs)])
     assert res.exit_code == 0, res.output
     before, after = (json.loads(p.read_text()) for p in (root / "artifacts/profiles/h100-80gb-llama-3.1-8b.json", copy))

@@ -25,17 +25,20 @@ stash | unstash)
   list=/tmp/lease-stash.txt
   if [ "$1" = stash ]; then
     [ -e $list ] && { echo "already stashed ($list): unstash first"; exit 1; }
-    git ls-files -z | xargs -0 du -b | awk '$1 > 300000 {print $2}' > $list
+    git ls-files -z | xargs -0 du -b | awk -F '\t' '$1 > 300000 {print $2}' > $list
     while read -r f; do mkdir -p "/tmp/lease-stash/$(dirname "$f")" && mv "$f" "/tmp/lease-stash/$f"; done < $list
   else
-    while read -r f; do mv "/tmp/lease-stash/$f" "$f"; done < $list && rm $list
+    failed=0
+    while read -r f; do mv "/tmp/lease-stash/$f" "$f" || failed=1; done < $list
+    [ $failed = 0 ] && rm $list
   fi
   git status --short | head; { git ls-files -z | xargs -0 du -bc 2>/dev/null || true; } | tail -n 1 ;;
 copy)
   mkdir -p /tmp/parts && cp "$2"/part.* /tmp/parts/ && ls -la /tmp/parts ;;
 start)
+  sha=$(realpath "$2")/site.sha
   bash "$0" copy "$2" || exit 1
-  (cd /tmp/parts && cat part.* > site.tar.xz && sha256sum -c "$(realpath "$2")/site.sha") || exit 1
+  (cd /tmp/parts && cat part.* > site.tar.xz && sha256sum -c "$sha") || exit 1
   xz -T0 -dc /tmp/parts/site.tar.xz | tar -x -C /tmp && du -sh /tmp/site && mkdir -p $W
   setsid nohup bash "$0" job > $W/job.log 2>&1 < /dev/null &
   sleep 2; echo started ;;
@@ -64,5 +67,5 @@ wait)
   done
   tar -C $W --exclude=adapters -cJf "$OUT/gpuwork.tar.xz" . && ls -la "$OUT" ;;
 *)
-  sed -n 2,18p "$0"; exit 2 ;;
+  sed -n 2,17p "$0"; exit 2 ;;
 esac
