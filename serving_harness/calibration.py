@@ -225,11 +225,11 @@ def recalibrate(path: str | Path, command: str, runs_dir: str | Path | None = No
         if runs_dir is None:
             raise BadInputError(f"{path} has not been calibrated: pass --runs (a `planner validate` work dir "
                                 "of workloads it will not be validated on)")
-        previous, micro = {"duration_s": 30.0, "warmup_s": 5.0}, data["step_latency_ms"]
+        previous, micro = {}, data["step_latency_ms"]
     elif micro is None:
         raise BadInputError(f"{path}: calibrated, but its 'microbenchmarks' latency variant is missing; "
                             "measure it again with `planner profile`")
-    same_runs = runs_dir is None or Path(runs_dir).resolve() == Path(previous.get("runs", "")).resolve()
+    same_runs = runs_dir is None or ("runs" in previous and Path(runs_dir).resolve() == Path(previous["runs"]).resolve())
     runs_dir = Path(runs_dir or previous["runs"])
     if not (runs_dir / "cases").is_dir():
         raise BadInputError(f"{runs_dir}: no stored calibration runs (cases/ and runs/ of `planner profile`)")
@@ -237,8 +237,8 @@ def recalibrate(path: str | Path, command: str, runs_dir: str | Path | None = No
     if seed is None and same_runs:
         seed = previous.get("seed")
     meta = {"seed": seed, "runs": str(runs_dir), "command": command, "date": time.strftime("%Y-%m-%d")}
-    duration = previous["duration_s"] if duration_s is None else duration_s
-    warmup = previous["warmup_s"] if warmup_s is None else warmup_s
+    duration = previous.get("duration_s", 30.0) if duration_s is None else duration_s
+    warmup = previous.get("warmup_s", 5.0) if warmup_s is None else warmup_s
     data = calibrated_profile({**data, "step_latency_ms": micro}, load_runs(runs_dir, duration, warmup), duration,
                               warmup, meta)
     data.pop("validation", None)

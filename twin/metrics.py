@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 
 
@@ -17,10 +19,15 @@ def smape(pred, real) -> float:
     return float(100.0 * np.mean(np.where(den > 0, 2.0 * np.abs(pred - real) / np.where(den > 0, den, 1.0), 0.0)))
 
 
+def _scored(pred: np.ndarray, real: np.ndarray) -> np.ndarray:
+    """Pairs a ratio can be taken of: both finite and positive."""
+    return np.isfinite(pred) & np.isfinite(real) & (pred > 0) & (real > 0)
+
+
 def group_log_ratios(pred, real, groups) -> dict:
     """Per group label: the mean log(pred / real) over its pairs where both are finite and positive."""
     pred, real, groups = np.asarray(pred, float), np.asarray(real, float), np.asarray(groups, object)
-    ok = np.isfinite(pred) & np.isfinite(real) & (pred > 0) & (real > 0)
+    ok = _scored(pred, real)
     log_ratio = np.log(pred[ok] / real[ok])
     return {g: float(np.mean(log_ratio[groups[ok] == g])) for g in dict.fromkeys(groups[ok])}
 
@@ -31,9 +38,9 @@ def smape_within_groups(pred, real, groups) -> float:
     Only groups of two or more scored pairs count (one pair divided by its own ratio says nothing);
     NaN when there are none."""
     pred, real, groups = np.asarray(pred, float), np.asarray(real, float), np.asarray(groups, object)
+    ok = _scored(pred, real)
+    counts = Counter(groups[ok])
+    keep = ok & np.array([counts[g] >= 2 for g in groups], bool)
     ratios = group_log_ratios(pred, real, groups)
-    ok = np.isfinite(pred) & np.isfinite(real) & (pred > 0) & (real > 0)
-    labels, counts = np.unique(groups[ok].astype(str), return_counts=True)
-    keep = ok & np.isin(groups.astype(str), labels[counts >= 2])
-    scale = np.array([np.exp(ratios.get(g, 0.0)) for g in groups[keep]])
+    scale = np.array([np.exp(ratios[g]) for g in groups[keep]])
     return smape(pred[keep] / scale, real[keep])
