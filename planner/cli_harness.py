@@ -203,6 +203,8 @@ def profile(device, model_dir, out, profile_id, work_dir, kv_cache_bytes, gpu_me
     )
     progress = Progress(len(Profiler(spec, work).experiment_names()) + calibration_cases, _progress_bar("profiling"))
     result = profile_engine(spec, work, out, _command_line(), python, progress, calibration_cases, duration, warmup)
+    for warning in result["provenance"].get("fit_warnings", []):
+        click.echo(f"warning: {warning}", err=True)
     if as_json:
         print_json(result)
         return

@@ -386,6 +386,12 @@ def fit_profile(spec: ProfileSpec, raw: dict[str, dict], provenance: dict, descr
         load[str(r)] = by_adapter
     sched_rows = raw[f"sched-r{spec.latency_rank}"]["rows"]
     k2_ms = float(np.polyfit([r["waiting"] for r in sched_rows], [r["itl_ms"] for r in sched_rows], 1)[0])
+    # A cost cannot be negative: a negative fit is measurement noise, clipped at 0 and reported.
+    fitted = {"k4_ms_per_request": float(k4), "k5_ms": float(k5), "kp_ms_per_prompt_token": kp,
+              "k2_us_per_waiting": k2_ms * 1000.0}
+    warnings = [f"{term} fitted as {value:.4g}, clipped to 0 (measurement noise: a quieter machine or more "
+                "measurement points give a firmer fit)" for term, value in fitted.items() if value < 0]
+    costs = {term: max(0.0, value) for term, value in fitted.items()}
 
     profile = {
         "schema_version": SCHEMA_VERSION, "profile_id": spec.profile_id,
@@ -401,15 +407,15 @@ def fit_profile(spec: ProfileSpec, raw: dict[str, dict], provenance: dict, descr
         "kv_capacity": {"no_lora_tokens": raw["kv-nolora"]["kv_tokens"], "a_max_points": list(spec.a_max_points),
                         "tokens": tokens, "failures": failures},
         "step_latency_ms": {
-            "k4_ms_per_request": max(0.0, float(k4)), "k5_ms": max(0.0, float(k5)),
-            "kp_ms_per_prompt_token": max(0.0, kp), "k6_pct_per_adapter": 0.0, "k7_pct": 100.0,
+            "k4_ms_per_request": costs["k4_ms_per_request"], "k5_ms": costs["k5_ms"],
+            "kp_ms_per_prompt_token": costs["kp_ms_per_prompt_token"], "k6_pct_per_adapter": 0.0, "k7_pct": 100.0,
             "l0_ms": float(l0), "l1_ms_per_request": float(l1), "l2_ms_per_adapter": float(l2),
             "source": "k4,k5: OLS of the decode step time on batch size (backbone); kp: TTFT slope in prompt "
                       "tokens (prefill); l0..l2: OLS of the step time above the backbone on (batch, distinct "
                       "adapters) (lora)",
         },
         "scheduler_overhead_us": {
-            "k1_us_per_running": 0.0, "k2_us_per_waiting": max(0.0, k2_ms * 1000.0),
+            "k1_us_per_running": 0.0, "k2_us_per_waiting": costs["k2_us_per_waiting"],
             "k3_us_per_waiting_x_amax_over_a": 0.0, "intercept_us": 0.0,
             "source": f"k2: ITL slope in LoRA-blocked waiting requests (sched-r{spec.latency_rank}); "
                       "k1 is inside k4 (the backbone ITL includes the scheduler's per-running-request cost)",
@@ -417,7 +423,7 @@ def fit_profile(spec: ProfileSpec, raw: dict[str, dict], provenance: dict, descr
         "adapter_load_ms": {"by_max_lora_rank": load,
                             "source": "median TTFT of alternating minus repeated adapters with --max-loras 1"},
         "defaults": {"input_tokens": spec.default_input_tokens, "output_tokens": spec.default_output_tokens},
-        "provenance": provenance,
+        "provenance": {**provenance, **({"fit_warnings": warnings} if warnings else {})},
     }
     profile_from_dict(profile, where=f"fitted profile {spec.profile_id}")  # validates
     return profile

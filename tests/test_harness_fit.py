@@ -62,6 +62,17 @@ def test_fit_recovers_every_term_and_marks_failed_grid_points(spec):
     assert prof.engine.block_size == 128 and prof.engine.version == "0.32.0"
 
 
+def test_a_negative_fitted_cost_is_clipped_and_reported(spec):
+    raw = synthetic_raw(spec)
+    raw["backbone"]["rows"] = [{"batch": b, "step_ms": -1.0 + K4 * b} for b in spec.batch_sizes]
+    d = profiling.fit_profile(spec, raw, {"kind": "test", "machine": {"cpu": "x"}, "vllm_version": "0.32.0"})
+    assert d["step_latency_ms"]["k5_ms"] == 0.0 and d["step_latency_ms"]["k4_ms_per_request"] == pytest.approx(K4)
+    [warning] = d["provenance"]["fit_warnings"]
+    assert warning.startswith("k5_ms fitted as -1, clipped to 0")
+    assert "fit_warnings" not in profiling.fit_profile(spec, synthetic_raw(spec), {
+        "kind": "test", "machine": {"cpu": "x"}, "vllm_version": "0.32.0"})["provenance"]
+
+
 def test_experiment_names_cover_the_grid(spec):
     names = profiling.Profiler(spec, "unused").experiment_names()
     assert len(names) == len(set(names)) == 1 + 9 + 3 + 3 + 1

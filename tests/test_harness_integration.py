@@ -123,7 +123,7 @@ def engines_alive(needle: str) -> list[int]:
 
 
 def test_planner_profile_measures_real_engines_and_resumes_without_one(tiny, tmp_path):
-    """A small `planner profile` (one rank, one KV point, batches 8 and 16): four real engines, every term
+    """A small `planner profile` (one rank, one KV point, batches 1, 8 and 16): four real engines, every term
     fitted, none left running; a rerun fits from the stored results without starting any, and a rerun
     with other settings is refused."""
     from click.testing import CliRunner
@@ -134,14 +134,15 @@ def test_planner_profile_measures_real_engines_and_resumes_without_one(tiny, tmp
     _, model, _, _ = tiny
     work, out = tmp_path / "work", tmp_path / "p.json"
     args = ["--engine", "cpu", "--model", str(model), "--out", str(out), "--work-dir", str(work), "--ranks", "8",
-            "--a-max-points", "1", "--batch-sizes", "8,16", "--decode-tokens", "30", "--calibration-cases", "0",
+            "--a-max-points", "1", "--batch-sizes", "1,8,16", "--decode-tokens", "30", "--calibration-cases", "0",
             "--python", sys.executable]
     res = CliRunner().invoke(cli_harness.profile, args)
     assert res.exit_code == 0, res.output
     prof = load_profile(out)
     lat = prof.step_latency
     assert prof.kv.no_lora_tokens == prof.kv.tokens_for(1, 8) > 0  # explicit KV size on CPU
-    assert lat.k5 > 0 and lat.kp > 0  # (k4 comes from two short bursts only; the fit clips it at 0)
+    # Batch 1 pins the fixed step cost (with batches 8 and 16 alone, a noisy CI run fitted it below 0).
+    assert lat.k5 > 0 and lat.kp > 0
     assert prof.provenance["vllm_version"].startswith("0.") and prof.provenance["spec"]["decode_tokens"] == 30
     logs = sorted(p.name for p in (work / "logs").glob("*.log"))
     assert logs == ["kv-a1-r8.log", "kv-nolora.log", "latency.log", "slot1-r8.log"]
