@@ -26,19 +26,8 @@ sys.path.insert(0, str(ROOT))
 
 from serving_harness import synth
 from serving_harness.engine import Engine, EngineConfig
-from serving_harness.loadgen import run_load, summarise
+from serving_harness.speed_probe import OUTPUT, PROBE_REQUESTS, PROMPT, real_probe_itl_ms
 from twin.atomic import write_json_atomic
-from twin.workload import Adapter, Workload, trace_requests
-
-PROBE_REQUESTS, PROMPT, OUTPUT = 8, 32, 64
-
-
-def probe_itl_ms(base_url: str, vocab_size: int) -> float:
-    """ITL (ms) of the probe: PROBE_REQUESTS requests of adapter ``p`` sent at once."""
-    requests = trace_requests(Workload((Adapter("p", 16, 1.0),)), [0.0] * PROBE_REQUESTS, ["p"] * PROBE_REQUESTS,
-                              [PROMPT] * PROBE_REQUESTS, [OUTPUT] * PROBE_REQUESTS)
-    records = run_load(base_url, requests, ["p"], 1.0, vocab_size=vocab_size, drain_s=60.0)
-    return summarise(records, 61.0).itl_ms_mean
 
 
 def main() -> None:
@@ -63,11 +52,11 @@ def main() -> None:
                 started = engine.start()
                 if not started.ok:
                     sys.exit(f"engine {k} did not start: {started.message}")
-                probe_itl_ms(engine.base_url, shape.vocab_size)  # warm-up, not kept
+                real_probe_itl_ms(engine.base_url, "p", 16, shape.vocab_size)  # warm-up, not kept
                 t0, probes = time.monotonic(), []
                 while time.monotonic() - t0 < args.minutes * 60.0:
                     at = time.monotonic()
-                    probes.append([round(at - t0, 2), probe_itl_ms(engine.base_url, shape.vocab_size)])
+                    probes.append([round(at - t0, 2), real_probe_itl_ms(engine.base_url, "p", 16, shape.vocab_size)])
                     time.sleep(max(0.0, args.every - (time.monotonic() - at)))
             itl = np.array([p[1] for p in probes])
             starts.append({"probes_t_s_itl_ms": probes, "mean_itl_ms": float(itl.mean()),

@@ -244,6 +244,8 @@ def validate(profile_id, model_dir, cases, duration, warmup, seed, work_dir, wor
     Each workload (Poisson arrivals, skewed per-adapter rates, 1-8 GPU slots, light to overloaded)
     runs on a real engine and through the twin with the very same requests; the table gives
     throughput / ITL / TTFT SMAPE (100·mean(2|p−r|/(|p|+|r|))) per regime and starved agreement.
+    A short fixed probe right before and after each workload measures how fast the machine decodes at
+    that moment; the summary also scores the twin run at that speed (a shared machine's speed drifts).
 
     \b
     Examples:
@@ -307,6 +309,13 @@ def _write_table(profile_id, prof, rows, out_dir, duration, warmup, seed, record
         click.echo(f"  ITL timed by the engine core ({summary['itl_engine_cases']} workloads): twin SMAPE "
                    f"{summary['itl_engine_smape_pct_all']:.2f} %, client-timed ITL off it by "
                    f"{summary['itl_client_vs_engine_smape_pct']:.2f} %")
+    if summary["probe_cases"]:
+        low, high = summary["probe_speed_factor_range"]
+        click.echo(f"  twin at the speed probed around each workload ({summary['probe_cases']} workloads, real/twin "
+                   f"probe ITL {low:.2f}-{high:.2f}): throughput {_pct(summary['throughput_smape_pct_at_probe_speed'])}"
+                   f"  ITL {_pct(summary['itl_smape_pct_at_probe_speed'])}  TTFT "
+                   f"{_pct(summary['ttft_smape_pct_at_probe_speed'])}  starved agreement "
+                   f"{summary['starved_agreement_pct_at_probe_speed']:.1f} %")
     click.echo(f"wrote {out}/table.json, table.csv, twin_vs_real.png")
 
 

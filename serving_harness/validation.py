@@ -28,10 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from serving_harness.calibration import recorded_run, stored_workloads, twin_result
+from serving_harness.calibration import RecordedRun, recorded_run, stored_workloads, twin_result
 from serving_harness.engine import Engine, EngineConfig
 from serving_harness.loadgen import measure, run_load, summarise
 from serving_harness.metrics import fetch_samples, series_values
+from serving_harness.speed_probe import at_speed, real_probe_itl_ms, twin_probe_itl_ms
 from serving_harness.synth import model_shape, write_adapters
 from twin.atomic import json_safe, recorded_path, write_bytes_atomic, write_json_atomic, write_text_atomic
 from twin.errors import BadInputError
@@ -216,10 +217,17 @@ class Validator:
         requests = draw_requests(case.workload, self.duration_s, case.seed, lengths=case.length_model(),
                                  default_input_tokens=p.default_input_tokens,
                                  default_output_tokens=p.default_output_tokens)
+        vocab = model_shape(self.model_dir).vocab_size
+        probe = case.adapters[0]
+        self._wait_idle(base_url)
+        probe_before = real_probe_itl_ms(base_url, probe.adapter_id, probe.rank, vocab)
         self._wait_idle(base_url)
         load_before = os.getloadavg()[0]
         records, series = measure(base_url, requests, [a.adapter_id for a in case.adapters], self.duration_s,
-                                  vocab_size=model_shape(self.model_dir).vocab_size)
+                                  vocab_size=vocab)
+        load_after = os.getloadavg()[0]
+        self._wait_idle(base_url)
+        probe_after = real_probe_itl_ms(base_url, probe.adapter_id, probe.rank, vocab)
         raw_dir = self.work_dir / "runs"
         records.to_parquet(raw_dir / f"{case.case_id}-requests.parquet")
         series.to_parquet(raw_dir / f"{case.case_id}-metrics.parquet")
@@ -236,7 +244,9 @@ class Validator:
             "real_preemptions": float(np.nanmax(preempt) - np.nanmin(preempt)) if preempt.size else None,
             "real_max_waiting_deferred": float(np.nanmax(series.column("waiting_deferred"))) if preempt.size else None,
             # Other work on the machine slows a CPU engine: the 1-minute load average around the run.
-            "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+            "loadavg_1m": [round(load_before, 2), round(load_after, 2)],
+            # The engine's speed of the moment (serving_harness/speed_probe.py), right before and after.
+            "probe": {"adapter": probe.adapter_id, "rank": probe.rank, "itl_ms": [probe_before, probe_after]},
         }
 
     def compare(self, rows: list[dict]) -> list[dict]:
@@ -247,8 +257,19 @@ def compare(profile: Profile, work_dir: Path, rows: list[dict], duration_s: floa
     """``rows`` (saved cases of ``work_dir``) with the twin's figures for the very same requests
     (recomputed: cheap, and a new profile version can be scored against the same real runs)."""
     runs = [recorded_run(work_dir, row, duration_s, warmup_s) for row in rows]
-    return [{**row, "real": run.real, "twin": twin_result(profile, run, duration_s, warmup_s)}
+    return [{**row, "real": run.real, "twin": twin_result(profile, run, duration_s, warmup_s),
+             **(at_probe_speed(profile, row, run, duration_s, warmup_s) if "probe" in row else {})}
             for row, run in zip(rows, runs)]
+
+
+def at_probe_speed(profile: Profile, row: dict, run: RecordedRun, duration_s: float, warmup_s: float) -> dict:
+    """The twin at the speed the probes around the case measured: ``speed`` (the probes, the twin's probe
+    ITL and their ratio, from the geometric mean of the real probes) and ``twin_at_speed`` (its figures)."""
+    probe = row["probe"]
+    twin_probe = twin_probe_itl_ms(profile, probe["adapter"], probe["rank"], row["a_max"], row["max_lora_rank"])
+    factor = float(np.exp(np.mean(np.log(probe["itl_ms"])))) / twin_probe
+    return {"speed": {"real_probe_itl_ms": probe["itl_ms"], "twin_probe_itl_ms": twin_probe, "factor": factor},
+            "twin_at_speed": twin_result(at_speed(profile, factor), run, duration_s, warmup_s)}
 
 
 METRICS = (("throughput", "total_throughput_tok_s"), ("itl", "itl_ms_mean"), ("ttft", "ttft_ms_mean"))
@@ -281,6 +302,19 @@ def summary_table(rows: list[dict]) -> dict:
     out["itl_engine_cases"] = int(np.isfinite(engine).sum())
     out["itl_client_vs_engine_smape_pct"] = smape(real_itl, engine)
     out["itl_engine_smape_pct_all"] = smape(twin_itl, engine)
+    # The twin at the speed probed around each case: how much of the error the machine's speed of the
+    # moment explains (the probes are measured apart from the case, so this is no fit to the scored cases).
+    probed = [r for r in rows if "twin_at_speed" in r]
+    out["probe_cases"] = len(probed)
+    if probed:
+        out["starved_agreement_pct_at_probe_speed"] = float(100.0 * np.mean(
+            [r["real"]["starved"] == r["twin_at_speed"]["starved"] for r in probed]))
+        for name, key in METRICS:
+            out[f"{name}_smape_pct_at_probe_speed"] = smape(
+                np.array([r["twin_at_speed"][key] for r in probed], float),
+                np.array([r["real"][key] for r in probed], float))
+        out["probe_speed_factor_range"] = [min(r["speed"]["factor"] for r in probed),
+                                           max(r["speed"]["factor"] for r in probed)]
     return out
 
 
@@ -294,6 +328,9 @@ def table_rows(rows: list[dict]) -> list[dict]:
             row[f"real_{name}"] = r["real"][key]
             row[f"twin_{name}"] = r["twin"][key]
         row["real_itl_engine"] = r["real"].get("itl_ms_engine", float("nan"))
+        row["probe_speed_factor"] = r["speed"]["factor"] if "speed" in r else float("nan")
+        for name, key in METRICS:
+            row[f"twin_{name}_at_probe_speed"] = r["twin_at_speed"][key] if "twin_at_speed" in r else float("nan")
         flat.append(row)
     return flat
 

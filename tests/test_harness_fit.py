@@ -201,3 +201,31 @@ def test_itl_within_engines_skips_engines_with_one_case():
     assert np.isnan(smape_within_groups([10.0, 20.0], [12.0, 15.0], ["a", "b"]))
     left = smape_within_groups([10.0, 10.0, 20.0], [11.0, 10.0 / 1.1, 15.0], ["a", "a", "b"])
     assert left == pytest.approx(smape_within_groups([10.0, 10.0], [11.0, 10.0 / 1.1], ["a", "a"]))
+
+
+def test_probed_speed_rescales_the_twin(make_profile):
+    """A case run by the twin on a machine 1.4x as slow, with probes of that machine around it: the probe
+    ratio finds the speed, and the twin at that speed scores the case (nearly) exactly."""
+    from serving_harness import speed_probe
+
+    prof = make_profile(**{"step_latency_ms": {"k4_ms_per_request": 0.5, "k5_ms": 8.0, "kp_ms_per_prompt_token": 0.02},
+                           "engine.max_num_batched_tokens": 512})
+    slow = speed_probe.at_speed(prof, 1.4)
+    wl = Workload((Adapter("a", 8, 20.0, 50, 20), Adapter("b", 8, 10.0, 80, 10)))
+    req = draw_requests(wl, 20.0, seed=3)
+    real = simulate(wl, slow, SimConfig(a_max=2, duration_s=20.0, warmup_s=2.0), requests=req).to_dict()
+    run = calibration.RecordedRun("c0", 2, 8, wl, req, real)
+    probe = speed_probe.twin_probe_itl_ms(slow, "a", 8, 2, 8)
+    row = {"a_max": 2, "max_lora_rank": 8, "probe": {"adapter": "a", "rank": 8, "itl_ms": [probe * 0.9, probe / 0.9]}}
+    out = validation.at_probe_speed(prof, row, run, 20.0, 2.0)
+    assert out["speed"]["factor"] == pytest.approx(1.4, rel=1e-3)
+    assert out["twin_at_speed"]["itl_ms_mean"] == pytest.approx(real["itl_ms_mean"], rel=1e-3)
+    scored = {**row, **out, "real": real, "twin": calibration.twin_result(prof, run, 20.0, 2.0)}
+    t = validation.summary_table([scored])
+    assert t["probe_cases"] == 1 and t["itl_smape_pct_at_probe_speed"] < 0.1 < t["itl_smape_pct_all"]
+    [flat] = validation.table_rows([{**scored, "case_id": "c0", "adapters": 2, "input_tokens": 50, "output_tokens": 20,
+                                     "lengths": "constant", "load_factor": 1.0, "real_preemptions": 0.0}])
+    assert flat["probe_speed_factor"] == pytest.approx(1.4, rel=1e-3)
+    assert flat["twin_itl_at_probe_speed"] == out["twin_at_speed"]["itl_ms_mean"]
+    unprobed = validation.summary_table([{k: v for k, v in scored.items() if k != "twin_at_speed"}])
+    assert unprobed["probe_cases"] == 0 and "itl_smape_pct_at_probe_speed" not in unprobed

@@ -24,6 +24,7 @@ from serving_harness import synth
 from serving_harness.engine import Engine, EngineConfig
 from serving_harness.loadgen import RunRecords, measure, summarise
 from serving_harness.metrics import MetricsSeries
+from serving_harness.speed_probe import real_probe_itl_ms
 from twin import Adapter, Workload, draw_requests
 
 KV_BYTES = 8 << 20  # 16384 tokens of the tiny model (512 B per token)
@@ -65,7 +66,9 @@ def test_two_adapter_workload_on_real_vllm(tiny):
         # 8 s of arrivals, then 20 s for stragglers to finish (a long drain: every request counts).
         records, series = measure(engine.base_url, requests, ["a0", "a1"], 8.0, vocab_size=shape.vocab_size,
                                   drain_s=20.0, scrape_interval_s=1.0)
+        probe = real_probe_itl_ms(engine.base_url, "a1", 16, shape.vocab_size)  # the validation speed probe
         pgid = engine.pid
+    assert 0 < probe < 1000
     assert not group_alive(pgid)
 
     assert len(records) == len(requests) >= 20

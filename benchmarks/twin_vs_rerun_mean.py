@@ -1,0 +1,81 @@
+"""The twin against the mean of several real runs of the same workloads: its own error, run noise averaged down.
+
+Two real runs of the same requests differ by about 20 % in ITL on the 2-core VM (real_rerun_noise.py), so
+a twin scored against one run carries that noise. Here each case's real figure is the geometric mean over
+``k`` ``planner validate`` work dirs that ran the same workloads, and the twin's is the geometric mean of
+its replays of each run's own requests (as ``planner rescore`` scores them); starvation is the majority
+of the runs (a tie is reported, not scored). Default: the three runs of the 32 CPU validation workloads on
+a quiet VM (``validation-day4a``, ``-day4b``, ``-rerun``; ``validation`` ran while other work loaded the
+VM, ``validation-niced`` and ``validation-probed`` on slow days).
+
+    python benchmarks/twin_vs_rerun_mean.py [--profile ID] [--runs DIR DIR ...]
+        # -> artifacts/benchmarks/twin_vs_rerun_mean.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from serving_harness.calibration import stored_workloads
+from serving_harness.validation import METRICS, compare, stored_rows
+from twin.atomic import recorded_path, write_json_atomic
+from twin.metrics import smape
+from twin.profile import load_profile
+
+MEASURED = ROOT / "datasets" / "measured" / "cpu-2core-tiny-llama"
+DEFAULT_RUNS = [MEASURED / f"validation-{name}" for name in ("day4a", "day4b", "rerun")]
+
+
+def scored(profile, work_dir: Path, duration_s: float, warmup_s: float) -> dict[str, dict]:
+    """case id -> the compared row (real and twin figures) of one work dir."""
+    return {r["case_id"]: r for r in compare(profile, work_dir, stored_rows(profile, work_dir), duration_s, warmup_s)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--profile", default="cpu-2core-tiny-llama", help="Profile id or JSON path.")
+    ap.add_argument("--runs", type=Path, nargs="+", default=DEFAULT_RUNS, help="Work dirs of the same workloads.")
+    ap.add_argument("--duration", type=float, default=30.0, help="Run length the work dirs ran with (s).")
+    ap.add_argument("--warmup", type=float, default=5.0, help="Start of their measurement window (s).")
+    ap.add_argument("--out", type=Path, default=ROOT / "artifacts" / "benchmarks" / "twin_vs_rerun_mean.json")
+    args = ap.parse_args()
+    if len(args.runs) < 2:
+        sys.exit("--runs needs two work dirs or more")
+    if any(stored_workloads(d) != stored_workloads(args.runs[0]) for d in args.runs[1:]):
+        sys.exit("the --runs work dirs ran different workloads")
+    profile = load_profile(args.profile)
+    sets = [scored(profile, d, args.duration, args.warmup) for d in args.runs]
+    ids = sorted(set.intersection(*(set(s) for s in sets)))
+    result = {"profile_id": profile.profile_id, "runs": [recorded_path(d, ROOT) for d in args.runs],
+              "cases": len(ids), "smape": "standard: 100*mean(2|twin-real|/(|twin|+|real|))"}
+    for name, key in METRICS:
+        real, twin = (np.array([[s[i][side][key] for s in sets] for i in ids], float) for side in ("real", "twin"))
+        result[f"{name}_smape_pct_single_runs"] = [smape(twin[:, k], real[:, k]) for k in range(len(sets))]
+        result[f"{name}_smape_pct_vs_mean"] = smape(np.exp(np.log(twin).mean(1)), np.exp(np.log(real).mean(1)))
+    real_votes, twin_votes = (np.array([[s[i][side]["starved"] for s in sets] for i in ids], float).mean(1)
+                              for side in ("real", "twin"))
+    decided = (real_votes != 0.5) & (twin_votes != 0.5)
+    result["starved_ties"] = int((~decided).sum())
+    result["starved_agreement_pct_majority"] = float(100.0 * np.mean(
+        (real_votes[decided] > 0.5) == (twin_votes[decided] > 0.5)))
+    result["starved_agreement_pct_single_runs"] = [
+        float(100.0 * np.mean([s[i]["real"]["starved"] == s[i]["twin"]["starved"] for i in ids])) for s in sets]
+    write_json_atomic(args.out, result)
+    for name, _ in METRICS:
+        singles = ", ".join(f"{v:.1f}" for v in result[f"{name}_smape_pct_single_runs"])
+        print(f"{name:10s} SMAPE against the mean of {len(sets)} runs {result[f'{name}_smape_pct_vs_mean']:5.1f} % "
+              f"(against each run: {singles} %)")
+    print(f"starved agreement with the majority {result['starved_agreement_pct_majority']:.1f} % "
+          f"({result['starved_ties']} ties)")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

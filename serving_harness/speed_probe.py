@@ -1,0 +1,50 @@
+"""A fixed probe of how fast an engine decodes at the moment, and the twin's answer to the same probe.
+
+A shared CPU VM gives an engine a speed that moves from one stretch of minutes to the next (see
+benchmarks/engine_speed_drift.py). The probe — PROBE_REQUESTS requests of one adapter sent together,
+PROMPT prompt tokens and OUTPUT output tokens each — is small enough to run right before and after a
+validation case. Real probe ITL over the twin's probe ITL is the machine's speed relative to the profile
+at that time: :func:`at_speed` scales the twin's step latency by it, so a case can be scored against a
+twin that knows how fast the machine was, measured apart from the case itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from serving_harness.loadgen import run_load, summarise
+from twin.profile import Profile
+from twin.simulate import SimConfig, simulate
+from twin.workload import Adapter, Requests, Workload, trace_requests
+
+PROBE_REQUESTS, PROMPT, OUTPUT = 8, 32, 64
+#: Seconds the probe may take; every probe request arrives at 0.
+PROBE_WINDOW_S = 60.0
+
+
+def probe_requests(adapter: str, rank: int) -> tuple[Workload, Requests]:
+    workload = Workload((Adapter(adapter, rank, 1.0),))
+    n = PROBE_REQUESTS
+    return workload, trace_requests(workload, [0.0] * n, [adapter] * n, [PROMPT] * n, [OUTPUT] * n)
+
+
+def real_probe_itl_ms(base_url: str, adapter: str, rank: int, vocab_size: int) -> float:
+    """ITL (ms) of the probe on the engine at ``base_url``, served by its adapter ``adapter``."""
+    _, requests = probe_requests(adapter, rank)
+    records = run_load(base_url, requests, [adapter], 1.0, vocab_size=vocab_size, drain_s=PROBE_WINDOW_S)
+    return summarise(records, PROBE_WINDOW_S + 1.0).itl_ms_mean
+
+
+def twin_probe_itl_ms(profile: Profile, adapter: str, rank: int, a_max: int, max_lora_rank: int) -> float:
+    """ITL (ms) the twin gives the probe on an engine with ``a_max`` slots of ``max_lora_rank``."""
+    workload, requests = probe_requests(adapter, rank)
+    sim = simulate(workload, profile, SimConfig(a_max=a_max, duration_s=PROBE_WINDOW_S + 1.0,
+                                                max_lora_rank=max_lora_rank), requests=requests)
+    return sim.itl_ms_mean
+
+
+def at_speed(profile: Profile, factor: float) -> Profile:
+    """``profile`` on a machine ``factor`` times as slow: every step-latency term scaled (arrival delay kept)."""
+    s = profile.step_latency
+    return replace(profile, step_latency=replace(s, k4=s.k4 * factor, k5=s.k5 * factor, kp=s.kp * factor,
+                                                 l0=s.l0 * factor, l1=s.l1 * factor, l2=s.l2 * factor, l3=s.l3 * factor))
