@@ -31,6 +31,7 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -64,13 +65,20 @@ def run_workload(run: dict, seed: int) -> Workload:
     return Workload(tuple(Adapter(f"a{i}", r, lam, mean_in, mean_out) for i, (r, lam) in enumerate(zip(ranks, rates))))
 
 
-def simulate_run(args) -> dict:
-    run, profile_id, latency, seeds, client_cap, override, length_cv = args
+@cache
+def variant(profile_id: str, latency: str, override: tuple | None, length_cv: float | None):
+    """The profile under test, loaded once per worker process (every run of a benchmark shares it)."""
     profile = load_profile(profile_id).with_latency_variant(latency)
     if override:
-        profile = replace(profile, step_latency=replace(profile.step_latency, **override))
+        profile = replace(profile, step_latency=replace(profile.step_latency, **dict(override)))
     if length_cv is not None:
         profile = replace(profile, default_length_cv=length_cv)
+    return profile
+
+
+def simulate_run(args) -> dict:
+    run, profile_id, latency, seeds, client_cap, override, length_cv = args
+    profile = variant(profile_id, latency, tuple(sorted(override.items())) if override else None, length_cv)
     outs = []
     for seed in range(seeds):
         res = simulate(run_workload(run, seed), profile, SimConfig(

@@ -2,7 +2,7 @@
 
 Two real runs of the same requests differ by about 20 % in ITL on the 2-core VM (real_rerun_noise.py), so
 a twin scored against one run carries that noise. Here each case's real figure is the geometric mean over
-``k`` ``planner validate`` work dirs that ran the same workloads, and the twin's is the geometric mean of
+several ``planner validate`` work dirs that ran the same workloads, and the twin's is the geometric mean of
 its replays of each run's own requests (as ``planner rescore`` scores them); starvation is the majority
 of the runs (a tie is reported, not scored). Default: the three runs of the 32 CPU validation workloads on
 a quiet VM (``validation-day4a``, ``-day4b``, ``-rerun``; ``validation`` ran while other work loaded the
@@ -25,8 +25,8 @@ sys.path.insert(0, str(ROOT))
 
 from serving_harness.calibration import stored_workloads
 from serving_harness.validation import METRICS, compare, stored_rows
-from twin.atomic import recorded_path, write_json_atomic
-from twin.metrics import smape
+from twin.atomic import json_safe, recorded_path, write_json_atomic
+from twin.metrics import geomean, smape
 from twin.profile import load_profile
 
 MEASURED = ROOT / "datasets" / "measured" / "cpu-2core-tiny-llama"
@@ -58,16 +58,16 @@ def main() -> None:
     for name, key in METRICS:
         real, twin = (np.array([[s[i][side][key] for s in sets] for i in ids], float) for side in ("real", "twin"))
         result[f"{name}_smape_pct_single_runs"] = [smape(twin[:, k], real[:, k]) for k in range(len(sets))]
-        result[f"{name}_smape_pct_vs_mean"] = smape(np.exp(np.log(twin).mean(1)), np.exp(np.log(real).mean(1)))
+        result[f"{name}_smape_pct_vs_mean"] = smape(geomean(twin, axis=1), geomean(real, axis=1))
     real_votes, twin_votes = (np.array([[s[i][side]["starved"] for s in sets] for i in ids], float).mean(1)
                               for side in ("real", "twin"))
     decided = (real_votes != 0.5) & (twin_votes != 0.5)
     result["starved_ties"] = int((~decided).sum())
     result["starved_agreement_pct_majority"] = float(100.0 * np.mean(
-        (real_votes[decided] > 0.5) == (twin_votes[decided] > 0.5)))
+        (real_votes[decided] > 0.5) == (twin_votes[decided] > 0.5))) if decided.any() else float("nan")
     result["starved_agreement_pct_single_runs"] = [
         float(100.0 * np.mean([s[i]["real"]["starved"] == s[i]["twin"]["starved"] for i in ids])) for s in sets]
-    write_json_atomic(args.out, result)
+    write_json_atomic(args.out, json_safe(result))
     for name, _ in METRICS:
         singles = ", ".join(f"{v:.1f}" for v in result[f"{name}_smape_pct_single_runs"])
         print(f"{name:10s} SMAPE against the mean of {len(sets)} runs {result[f'{name}_smape_pct_vs_mean']:5.1f} % "

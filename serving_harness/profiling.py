@@ -358,10 +358,19 @@ def fit_profile(spec: ProfileSpec, raw: dict[str, dict], provenance: dict, descr
     k4, k5 = _ols([b, np.ones_like(b)], np.array([r["step_ms"] for r in bb]))
     pf = raw["prefill"]["rows"]
     kp = float(np.polyfit([r["prompt_tokens"] for r in pf], [r["ttft_ms"] for r in pf], 1)[0])
+    sched_rows = raw[f"sched-r{spec.latency_rank}"]["rows"]
+    k2_ms = float(np.polyfit([r["waiting"] for r in sched_rows], [r["itl_ms"] for r in sched_rows], 1)[0])
+    # A cost cannot be negative: a negative fit is measurement noise, clipped at 0 and reported.
+    fitted = {"k4_ms_per_request": float(k4), "k5_ms": float(k5), "kp_ms_per_prompt_token": kp,
+              "k2_us_per_waiting": k2_ms * 1000.0}
+    warnings = [f"{term} fitted as {value:.4g}, clipped to 0 (measurement noise: a quieter machine or more "
+                "measurement points give a firmer fit)" for term, value in fitted.items() if value < 0]
+    costs = {term: max(0.0, value) for term, value in fitted.items()}
     lr = raw["lora"]["rows"]
     lb = np.array([r["batch"] for r in lr], float)
     la = np.array([r["adapters"] for r in lr], float)
-    resid = np.array([r["step_ms"] for r in lr]) - (k5 + k4 * lb)
+    # Above the backbone the profile keeps (clipped), so backbone + LoRA terms give the measured step.
+    resid = np.array([r["step_ms"] for r in lr]) - (costs["k5_ms"] + costs["k4_ms_per_request"] * lb)
     l0, l1, l2 = _ols([np.ones_like(lb), lb, la], resid)
 
     kv_rows = {name: raw[name] for name in raw if name.startswith("kv-a")}
@@ -384,14 +393,6 @@ def fit_profile(spec: ProfileSpec, raw: dict[str, dict], provenance: dict, descr
             # Clipped at 1 µs: a swap cheaper than the TTFT noise is still a (tiny) positive cost.
             by_adapter[str(ar)] = max(1e-3, med["alternate"] - med["same"])
         load[str(r)] = by_adapter
-    sched_rows = raw[f"sched-r{spec.latency_rank}"]["rows"]
-    k2_ms = float(np.polyfit([r["waiting"] for r in sched_rows], [r["itl_ms"] for r in sched_rows], 1)[0])
-    # A cost cannot be negative: a negative fit is measurement noise, clipped at 0 and reported.
-    fitted = {"k4_ms_per_request": float(k4), "k5_ms": float(k5), "kp_ms_per_prompt_token": kp,
-              "k2_us_per_waiting": k2_ms * 1000.0}
-    warnings = [f"{term} fitted as {value:.4g}, clipped to 0 (measurement noise: a quieter machine or more "
-                "measurement points give a firmer fit)" for term, value in fitted.items() if value < 0]
-    costs = {term: max(0.0, value) for term, value in fitted.items()}
 
     profile = {
         "schema_version": SCHEMA_VERSION, "profile_id": spec.profile_id,
@@ -480,7 +481,7 @@ def calibrate_fitted(profile: dict, spec: ProfileSpec, work_dir: Path, cases: in
     micro = profile_from_dict(profile, where=f"fitted profile {spec.profile_id}")
     report = (lambda done, total, label: progress.step(f"calibration {label}")) if progress else None
     validator = Validator(micro, spec.model_dir, work_dir / "calibration", duration_s, warmup_s, python,
-                          **({"report_progress": report} if report else {}))
+                          **({"report_progress": report} if report else {}), probe=False)
     workloads = validator.workload_set(cases, CALIBRATION_SEED)
     runs = [recorded_run(validator.work_dir, row, duration_s, warmup_s) for row in validator.run(workloads)]
     return calibrated_profile(profile, runs, duration_s, warmup_s,

@@ -23,6 +23,7 @@ PROBE_WINDOW_S = 60.0
 
 
 def probe_requests(adapter: str, rank: int) -> tuple[Workload, Requests]:
+    """The probe's one-adapter workload and its requests, all arriving at 0."""
     workload = Workload((Adapter(adapter, rank, 1.0),))
     n = PROBE_REQUESTS
     return workload, trace_requests(workload, [0.0] * n, [adapter] * n, [PROMPT] * n, [OUTPUT] * n)
@@ -44,7 +45,9 @@ def twin_probe_itl_ms(profile: Profile, adapter: str, rank: int, a_max: int, max
 
 
 def at_speed(profile: Profile, factor: float) -> Profile:
-    """``profile`` on a machine ``factor`` times as slow: every step-latency term scaled (arrival delay kept)."""
+    """``profile`` on a machine ``factor`` times as slow: every step-latency term scaled. The arrival delay,
+    the scheduler's per-waiting-request cost and the adapter load times are kept: the probe times decode
+    steps only."""
     s = profile.step_latency
     return replace(profile, step_latency=replace(s, k4=s.k4 * factor, k5=s.k5 * factor, kp=s.kp * factor,
                                                  l0=s.l0 * factor, l1=s.l1 * factor, l2=s.l2 * factor, l3=s.l3 * factor))

@@ -36,7 +36,7 @@ from serving_harness.speed_probe import at_speed, real_probe_itl_ms, twin_probe_
 from serving_harness.synth import model_shape, write_adapters
 from twin.atomic import json_safe, recorded_path, write_bytes_atomic, write_json_atomic, write_text_atomic
 from twin.errors import BadInputError
-from twin.metrics import smape, smape_within_groups
+from twin.metrics import geomean, smape, smape_within_groups
 from twin.profile import Profile, artifacts_dir, profiles_dir
 from twin.simulate import SimConfig, simulate
 from twin.workload import Adapter, LengthModel, Workload, draw_requests
@@ -117,6 +117,7 @@ class Validator:
     python: str | None = None
     report_progress: Callable[[int, int, str], None] = lambda done, total, label: None
     gpu: int | None = None  # CUDA device index; None: the one a CUDA profile was measured on
+    probe: bool = True  # speed probes around each case (calibration runs go without)
 
     def _adapter_pool(self, max_rank: int) -> dict[str, str]:
         shape = model_shape(self.model_dir)
@@ -219,15 +220,14 @@ class Validator:
                                  default_output_tokens=p.default_output_tokens)
         vocab = model_shape(self.model_dir).vocab_size
         probe = case.adapters[0]
-        self._wait_idle(base_url)
-        probe_before = real_probe_itl_ms(base_url, probe.adapter_id, probe.rank, vocab)
+        # Each case keeps its own probes (before and after), so a resumed run scores every case alike.
+        probes = [self._probe(base_url, probe, vocab)]
         self._wait_idle(base_url)
         load_before = os.getloadavg()[0]
         records, series = measure(base_url, requests, [a.adapter_id for a in case.adapters], self.duration_s,
                                   vocab_size=vocab)
         load_after = os.getloadavg()[0]
-        self._wait_idle(base_url)
-        probe_after = real_probe_itl_ms(base_url, probe.adapter_id, probe.rank, vocab)
+        probes.append(self._probe(base_url, probe, vocab))
         raw_dir = self.work_dir / "runs"
         records.to_parquet(raw_dir / f"{case.case_id}-requests.parquet")
         series.to_parquet(raw_dir / f"{case.case_id}-metrics.parquet")
@@ -246,8 +246,16 @@ class Validator:
             # Other work on the machine slows a CPU engine: the 1-minute load average around the run.
             "loadavg_1m": [round(load_before, 2), round(load_after, 2)],
             # The engine's speed of the moment (serving_harness/speed_probe.py), right before and after.
-            "probe": {"adapter": probe.adapter_id, "rank": probe.rank, "itl_ms": [probe_before, probe_after]},
+            **({"probe": {"adapter": probe.adapter_id, "rank": probe.rank, "itl_ms": probes}} if self.probe else {}),
         }
+
+    def _probe(self, base_url: str, adapter: Adapter, vocab_size: int) -> float | None:
+        """The probe's ITL once the engine is idle; None when probes are off or none finished."""
+        if not self.probe:
+            return None
+        self._wait_idle(base_url)
+        itl = real_probe_itl_ms(base_url, adapter.adapter_id, adapter.rank, vocab_size)
+        return itl if np.isfinite(itl) and itl > 0 else None
 
     def compare(self, rows: list[dict]) -> list[dict]:
         return compare(self.profile, self.work_dir, rows, self.duration_s, self.warmup_s)
@@ -258,8 +266,13 @@ def compare(profile: Profile, work_dir: Path, rows: list[dict], duration_s: floa
     (recomputed: cheap, and a new profile version can be scored against the same real runs)."""
     runs = [recorded_run(work_dir, row, duration_s, warmup_s) for row in rows]
     return [{**row, "real": run.real, "twin": twin_result(profile, run, duration_s, warmup_s),
-             **(at_probe_speed(profile, row, run, duration_s, warmup_s) if "probe" in row else {})}
+             **(at_probe_speed(profile, row, run, duration_s, warmup_s) if probed(row) else {})}
             for row, run in zip(rows, runs)]
+
+
+def probed(row: dict) -> bool:
+    """Whether a saved case has both speed probes (older run sets have none; a probe may have failed)."""
+    return "probe" in row and all(v is not None for v in row["probe"]["itl_ms"])
 
 
 def at_probe_speed(profile: Profile, row: dict, run: RecordedRun, duration_s: float, warmup_s: float) -> dict:
@@ -267,7 +280,7 @@ def at_probe_speed(profile: Profile, row: dict, run: RecordedRun, duration_s: fl
     ITL and their ratio, from the geometric mean of the real probes) and ``twin_at_speed`` (its figures)."""
     probe = row["probe"]
     twin_probe = twin_probe_itl_ms(profile, probe["adapter"], probe["rank"], row["a_max"], row["max_lora_rank"])
-    factor = float(np.exp(np.mean(np.log(probe["itl_ms"])))) / twin_probe
+    factor = float(geomean(probe["itl_ms"])) / twin_probe
     return {"speed": {"real_probe_itl_ms": probe["itl_ms"], "twin_probe_itl_ms": twin_probe, "factor": factor},
             "twin_at_speed": twin_result(at_speed(profile, factor), run, duration_s, warmup_s)}
 
@@ -328,7 +341,7 @@ def table_rows(rows: list[dict]) -> list[dict]:
             row[f"real_{name}"] = r["real"][key]
             row[f"twin_{name}"] = r["twin"][key]
         row["real_itl_engine"] = r["real"].get("itl_ms_engine", float("nan"))
-        row["probe_speed_factor"] = r["speed"]["factor"] if "speed" in r else float("nan")
+        row["probe_speed_factor"] = r["speed"]["factor"] if "twin_at_speed" in r else float("nan")
         for name, key in METRICS:
             row[f"twin_{name}_at_probe_speed"] = r["twin_at_speed"][key] if "twin_at_speed" in r else float("nan")
         flat.append(row)

@@ -66,7 +66,10 @@ def test_a_negative_fitted_cost_is_clipped_and_reported(spec):
     raw = synthetic_raw(spec)
     raw["backbone"]["rows"] = [{"batch": b, "step_ms": -1.0 + K4 * b} for b in spec.batch_sizes]
     d = profiling.fit_profile(spec, raw, {"kind": "test", "machine": {"cpu": "x"}, "vllm_version": "0.32.0"})
-    assert d["step_latency_ms"]["k5_ms"] == 0.0 and d["step_latency_ms"]["k4_ms_per_request"] == pytest.approx(K4)
+    lat = d["step_latency_ms"]
+    assert lat["k5_ms"] == 0.0 and lat["k4_ms_per_request"] == pytest.approx(K4)
+    # The LoRA terms sit on the clipped backbone: together they still give the measured LoRA steps.
+    assert lat["l0_ms"] == pytest.approx(K5 + L0) and lat["l1_ms_per_request"] == pytest.approx(L1)
     [warning] = d["provenance"]["fit_warnings"]
     assert warning.startswith("k5_ms fitted as -1, clipped to 0")
     assert "fit_warnings" not in profiling.fit_profile(spec, synthetic_raw(spec), {
@@ -223,6 +226,7 @@ def test_probed_speed_rescales_the_twin(make_profile):
     scored = {**row, **out, "real": real, "twin": calibration.twin_result(prof, run, 20.0, 2.0)}
     t = validation.summary_table([scored])
     assert t["probe_cases"] == 1 and t["itl_smape_pct_at_probe_speed"] < 0.1 < t["itl_smape_pct_all"]
+    assert validation.probed(row) and not validation.probed({**row, "probe": {**row["probe"], "itl_ms": [None, 9.0]}})
     [flat] = validation.table_rows([{**scored, "case_id": "c0", "adapters": 2, "input_tokens": 50, "output_tokens": 20,
                                      "lengths": "constant", "load_factor": 1.0, "real_preemptions": 0.0}])
     assert flat["probe_speed_factor"] == pytest.approx(1.4, rel=1e-3)

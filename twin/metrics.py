@@ -19,6 +19,11 @@ def smape(pred, real) -> float:
     return float(100.0 * np.mean(np.where(den > 0, 2.0 * np.abs(pred - real) / np.where(den > 0, den, 1.0), 0.0)))
 
 
+def geomean(values, axis=None):
+    """Geometric mean (of positive values): the mean of ratios such as speeds or repeated runs' ITLs."""
+    return np.exp(np.mean(np.log(np.asarray(values, float)), axis=axis))
+
+
 def _scored(pred: np.ndarray, real: np.ndarray) -> np.ndarray:
     """Pairs a ratio can be taken of: both finite and positive."""
     return np.isfinite(pred) & np.isfinite(real) & (pred > 0) & (real > 0)
