@@ -309,8 +309,9 @@ def verify(placement_file, engine, duration, warmup, model, adapter_dir, synthes
     """Launch every instance of PLACEMENT.json on real vLLM, drive its traffic, and compare with the plan.
 
     Per instance: does it start, measured throughput vs the arriving token rate (starved?), vs the
-    plan's prediction and vs the twin on the very same requests. Exit 3 when an engine starves or
-    fails to start.
+    plan's prediction and vs the twin on the very same requests, and how fast it decoded against
+    the profile (a short probe before and after the traffic; above 1x means slower than profiled).
+    Exit 3 when an engine starves or fails to start.
     """
     from pathlib import Path
 
@@ -351,5 +352,7 @@ def verify(placement_file, engine, duration, warmup, model, adapter_dir, synthes
             click.echo(f"{r.instance_id}: {r.measured_tok_s:,.0f} of {r.arriving_tok_s:,.0f} tok/s ({state}); "
                        f"planned {r.planned_tok_s or 0:,.0f} ({'-' if err is None else f'{100 * err:+.1f} %'}), "
                        f"twin on the same requests {r.twin_tok_s:,.0f}; records {r.records}")
+            if r.speed_vs_profile is not None:
+                click.echo(f"  decode speed (probe before and after): ITL {r.speed_vs_profile:.2f}x the profile's")
     if not all(r.holds for r in results):
         raise InfeasibleError("the plan does not hold on real engines (see above)")

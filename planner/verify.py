@@ -6,6 +6,8 @@ own; on CUDA each gets ``CUDA_VISIBLE_DEVICES`` = its index). Each engine starts
 adapters' share of the traffic (Poisson arrivals, the planned mean lengths, exact output lengths)
 for ``duration_s``, and is stopped. The same requests also go through the twin, so a difference is
 the model's error, not the draw's. Measured under the twin's window convention (twin/simulate.py).
+A speed probe (serving_harness/speed_probe.py) right before and after the traffic says how fast the
+engine decoded against its profile: a shared or throttled machine shows up there, not as a twin error.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 from planner.placement import InstancePlan, Placement
 from twin.errors import BadInputError
+from twin.metrics import geomean
 from twin.profile import Profile
 from twin.simulate import SimConfig, simulate
 from twin.workload import Adapter, LengthModel, PoissonArrivals, Workload, draw_requests
@@ -53,6 +56,8 @@ class InstanceVerification:
     finished_requests: int | None = None
     failed_requests: int | None = None
     records: str | None = None  # parquet of the per-request rows
+    probe_itl_ms: list[float | None] | None = None  # the speed probe right before and after the traffic
+    speed_vs_profile: float | None = None  # real over twin probe ITL: > 1 where the engine ran slower than profiled
 
     @property
     def holds(self) -> bool:
@@ -92,6 +97,7 @@ def instance_workload(p: Placement, inst: InstancePlan) -> Workload:
 def verify_instance(p: Placement, k: int, profile: Profile, s: VerifySettings) -> InstanceVerification:
     from serving_harness.engine import Engine, EngineConfig
     from serving_harness.loadgen import run_load, summarise
+    from serving_harness.speed_probe import real_probe_itl_ms, twin_probe_itl_ms
 
     inst = p.instances[k]
     eng = p.engine
@@ -114,8 +120,13 @@ def verify_instance(p: Placement, k: int, profile: Profile, s: VerifySettings) -
                                    planned_tok_s=inst.predicted_throughput_tok_s)
         if not start.ok:
             return out
+        probe = wl.adapters[0]
+        vocab = vocab_size(s.model)
+        real_probe_itl_ms(engine.base_url, probe.adapter_id, probe.rank, vocab)  # a fresh engine's one-off costs
+        probes = [real_probe_itl_ms(engine.base_url, probe.adapter_id, probe.rank, vocab)]
         records = run_load(engine.base_url, requests, list(inst.adapters), s.duration_s,
-                           vocab_size=vocab_size(s.model), max_in_flight=s.max_in_flight, seed=s.seed)
+                           vocab_size=vocab, max_in_flight=s.max_in_flight, seed=s.seed)
+        probes.append(real_probe_itl_ms(engine.base_url, probe.adapter_id, probe.rank, vocab))
     path = s.work_dir / f"{inst.instance_id}.requests.parquet"
     records.to_parquet(path)
     real = summarise(records, s.duration_s, s.warmup_s)
@@ -131,6 +142,10 @@ def verify_instance(p: Placement, k: int, profile: Profile, s: VerifySettings) -
     out.finished_requests = real.finished_requests
     out.failed_requests = real.failed_requests
     out.records = str(path.resolve())
+    out.probe_itl_ms = probes
+    if all(probes):
+        twin_probe = twin_probe_itl_ms(profile, probe.adapter_id, probe.rank, inst.a_max, inst.max_lora_rank)
+        out.speed_vs_profile = float(geomean(probes)) / twin_probe
     return out
 
 

@@ -240,3 +240,20 @@ class Scraper:
                 self.series.add(loop.time() - (self.origin or 0.0), await fetch_samples(session, self.base_url))
         except (TimeoutError, aiohttp.ClientError, ValueError):
             self.series.errors += 1
+
+
+def wait_idle(base_url: str, timeout_s: float = 60.0) -> None:
+    """Return once the engine at ``base_url`` has no running or waiting request (or after ``timeout_s``)."""
+    import aiohttp
+
+    async def idle():
+        async with aiohttp.ClientSession() as session:
+            loop = asyncio.get_running_loop()
+            end = loop.time() + timeout_s
+            while loop.time() < end:
+                v = series_values(await fetch_samples(session, base_url))
+                if v["running"] == 0 and v["waiting"] == 0:
+                    return
+                await asyncio.sleep(0.5)
+
+    asyncio.run(idle())

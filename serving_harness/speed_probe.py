@@ -12,7 +12,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
+
 from serving_harness.loadgen import run_load, summarise
+from serving_harness.metrics import wait_idle
 from twin.profile import Profile
 from twin.simulate import SimConfig, simulate
 from twin.workload import Adapter, Requests, Workload, trace_requests
@@ -29,11 +32,14 @@ def probe_requests(adapter: str, rank: int) -> tuple[Workload, Requests]:
     return workload, trace_requests(workload, [0.0] * n, [adapter] * n, [PROMPT] * n, [OUTPUT] * n)
 
 
-def real_probe_itl_ms(base_url: str, adapter: str, rank: int, vocab_size: int) -> float:
-    """ITL (ms) of the probe on the engine at ``base_url``, served by its adapter ``adapter``."""
+def real_probe_itl_ms(base_url: str, adapter: str, rank: int, vocab_size: int) -> float | None:
+    """ITL (ms) of the probe on the engine at ``base_url``, served by its adapter ``adapter`` once the engine
+    is idle; None when no probe request finished."""
+    wait_idle(base_url)
     _, requests = probe_requests(adapter, rank)
     records = run_load(base_url, requests, [adapter], 1.0, vocab_size=vocab_size, drain_s=PROBE_WINDOW_S)
-    return summarise(records, PROBE_WINDOW_S + 1.0).itl_ms_mean
+    itl = summarise(records, PROBE_WINDOW_S + 1.0).itl_ms_mean
+    return float(itl) if np.isfinite(itl) and itl > 0 else None
 
 
 def twin_probe_itl_ms(profile: Profile, adapter: str, rank: int, a_max: int, max_lora_rank: int) -> float:

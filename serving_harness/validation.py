@@ -15,7 +15,6 @@ metrics, so run sets of any date are scored under today's definitions.
 
 from __future__ import annotations
 
-import asyncio
 import csv
 import io
 import json
@@ -31,7 +30,7 @@ import numpy as np
 from serving_harness.calibration import RecordedRun, recorded_run, stored_workloads, twin_result
 from serving_harness.engine import Engine, EngineConfig
 from serving_harness.loadgen import measure, run_load, summarise
-from serving_harness.metrics import fetch_samples, series_values
+from serving_harness.metrics import wait_idle
 from serving_harness.speed_probe import at_speed, real_probe_itl_ms, twin_probe_itl_ms
 from serving_harness.synth import model_shape, write_adapters
 from twin.atomic import json_safe, recorded_path, write_bytes_atomic, write_json_atomic, write_text_atomic
@@ -198,21 +197,6 @@ class Validator:
         run_load(base_url, requests, [a.adapter_id for a in wl.adapters], 3.0,
                  vocab_size=model_shape(self.model_dir).vocab_size, drain_s=30.0)
 
-    def _wait_idle(self, base_url: str, timeout_s: float = 60.0) -> None:
-        import aiohttp
-
-        async def idle():
-            async with aiohttp.ClientSession() as session:
-                loop = asyncio.get_running_loop()
-                end = loop.time() + timeout_s
-                while loop.time() < end:
-                    v = series_values(await fetch_samples(session, base_url))
-                    if v["running"] == 0 and v["waiting"] == 0:
-                        return
-                    await asyncio.sleep(0.5)
-
-        asyncio.run(idle())
-
     def run_case(self, base_url: str, case: ValidationCase) -> dict:
         p = self.profile
         requests = draw_requests(case.workload, self.duration_s, case.seed, lengths=case.length_model(),
@@ -222,7 +206,7 @@ class Validator:
         probe = case.adapters[0]
         # Each case keeps its own probes (before and after), so a resumed run scores every case alike.
         probes = [self._probe(base_url, probe, vocab)]
-        self._wait_idle(base_url)
+        wait_idle(base_url)
         load_before = os.getloadavg()[0]
         records, series = measure(base_url, requests, [a.adapter_id for a in case.adapters], self.duration_s,
                                   vocab_size=vocab)
@@ -250,12 +234,8 @@ class Validator:
         }
 
     def _probe(self, base_url: str, adapter: Adapter, vocab_size: int) -> float | None:
-        """The probe's ITL once the engine is idle; None when probes are off or none finished."""
-        if not self.probe:
-            return None
-        self._wait_idle(base_url)
-        itl = real_probe_itl_ms(base_url, adapter.adapter_id, adapter.rank, vocab_size)
-        return itl if np.isfinite(itl) and itl > 0 else None
+        """The probe's ITL (None when probes are off or none finished)."""
+        return real_probe_itl_ms(base_url, adapter.adapter_id, adapter.rank, vocab_size) if self.probe else None
 
     def compare(self, rows: list[dict]) -> list[dict]:
         return compare(self.profile, self.work_dir, rows, self.duration_s, self.warmup_s)
