@@ -3,9 +3,10 @@
 A shared CPU VM gives an engine a speed that moves from one stretch of minutes to the next (see
 benchmarks/engine_speed_drift.py). The probe — PROBE_REQUESTS requests of one adapter sent together,
 PROMPT prompt tokens and OUTPUT output tokens each — is small enough to run right before and after a
-validation case. Real probe ITL over the twin's probe ITL is the machine's speed relative to the profile
-at that time: :func:`at_speed` scales the twin's step latency by it, so a case can be scored against a
-twin that knows how fast the machine was, measured apart from the case itself.
+validation case (or a ``planner verify`` engine's traffic). Real probe ITL over the twin's probe ITL is
+the machine's speed relative to the profile at that time: :func:`at_speed` scales the twin's step
+latency by it, so a case can be scored against a twin that knows how fast the machine was, measured
+apart from the case itself.
 """
 
 from __future__ import annotations

@@ -144,8 +144,9 @@ def test_planner_profile_measures_real_engines_and_resumes_without_one(tiny, tmp
     prof = load_profile(out)
     lat = prof.step_latency
     assert prof.kv.no_lora_tokens == prof.kv.tokens_for(1, 8) > 0  # explicit KV size on CPU
-    # Batch 1 pins the fixed step cost (with batches 8 and 16 alone, a noisy CI run fitted it below 0).
-    assert lat.k5 > 0 and lat.kp > 0
+    # A one-request step costs something. (Each term is a noisy fit: from batches 8 and 16 alone a CI run
+    # fitted k5 below 0, clipped to 0; batch 1 now pins it, but a single term may still clip.)
+    assert lat.k5 + lat.k4 > 0 and lat.kp > 0
     assert prof.provenance["vllm_version"].startswith("0.") and prof.provenance["spec"]["decode_tokens"] == 30
     logs = sorted(p.name for p in (work / "logs").glob("*.log"))
     assert logs == ["kv-a1-r8.log", "kv-nolora.log", "latency.log", "slot1-r8.log"]
