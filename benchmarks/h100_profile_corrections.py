@@ -33,7 +33,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from serving_harness.validation import compare, summary_table
+from serving_harness.validation import compare, stored_rows, summary_table
 from twin.atomic import json_safe, recorded_path, write_json_atomic
 from twin.profile import profile_from_dict
 
@@ -73,7 +73,7 @@ def main() -> None:
     base = json.loads(PROFILE.read_text(encoding="utf-8"))
     table = json.loads(TABLE.read_text(encoding="utf-8"))  # how the runs were scored: their window
     duration_s, warmup_s = table["duration_s"], table["warmup_s"]
-    rows = [json.loads(p.read_text(encoding="utf-8")) for p in sorted((MEASURED / "validation/cases").glob("*.json"))]
+    rows = stored_rows(profile_from_dict(base, where=str(PROFILE)), MEASURED / "validation")
     fixes = corrections()
     variants = {"as measured": {}, **fixes,
                 "all three": {k: v for fix in fixes.values() for k, v in fix.items()}}

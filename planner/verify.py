@@ -15,12 +15,12 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from planner.placement import InstancePlan, Placement
 from twin.errors import BadInputError
-from twin.metrics import geomean
 from twin.profile import Profile
 from twin.simulate import SimConfig, simulate
 from twin.workload import Adapter, LengthModel, PoissonArrivals, Workload, draw_requests
@@ -97,7 +97,7 @@ def instance_workload(p: Placement, inst: InstancePlan) -> Workload:
 def verify_instance(p: Placement, k: int, profile: Profile, s: VerifySettings) -> InstanceVerification:
     from serving_harness.engine import Engine, EngineConfig
     from serving_harness.loadgen import run_load, summarise
-    from serving_harness.speed_probe import real_probe_itl_ms, twin_probe_itl_ms
+    from serving_harness.speed_probe import real_probe_itl_ms, speed_vs_profile
 
     inst = p.instances[k]
     eng = p.engine
@@ -122,11 +122,12 @@ def verify_instance(p: Placement, k: int, profile: Profile, s: VerifySettings) -
             return out
         probe = wl.adapters[0]
         vocab = vocab_size(s.model)
-        real_probe_itl_ms(engine.base_url, probe.adapter_id, probe.rank, vocab)  # a fresh engine's one-off costs
-        probes = [real_probe_itl_ms(engine.base_url, probe.adapter_id, probe.rank, vocab)]
+        probe_itl = partial(real_probe_itl_ms, engine.base_url, probe.adapter_id, probe.rank, vocab)
+        probe_itl()  # a fresh engine's one-off costs
+        probes = [probe_itl()]
         records = run_load(engine.base_url, requests, list(inst.adapters), s.duration_s,
                            vocab_size=vocab, max_in_flight=s.max_in_flight, seed=s.seed)
-        probes.append(real_probe_itl_ms(engine.base_url, probe.adapter_id, probe.rank, vocab))
+        probes.append(probe_itl())
     path = s.work_dir / f"{inst.instance_id}.requests.parquet"
     records.to_parquet(path)
     real = summarise(records, s.duration_s, s.warmup_s)
@@ -143,9 +144,9 @@ def verify_instance(p: Placement, k: int, profile: Profile, s: VerifySettings) -
     out.failed_requests = real.failed_requests
     out.records = str(path.resolve())
     out.probe_itl_ms = probes
-    if all(probes):
-        twin_probe = twin_probe_itl_ms(profile, probe.adapter_id, probe.rank, inst.a_max, inst.max_lora_rank)
-        out.speed_vs_profile = float(geomean(probes)) / twin_probe
+    if None not in probes:
+        out.speed_vs_profile, _ = speed_vs_profile(profile, probe.adapter_id, probe.rank, inst.a_max,
+                                                   inst.max_lora_rank, probes)
     return out
 
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from serving_harness.loadgen import run_load, summarise
 from serving_harness.metrics import wait_idle
+from twin.metrics import geomean
 from twin.profile import Profile
 from twin.simulate import SimConfig, simulate
 from twin.workload import Adapter, Requests, Workload, trace_requests
@@ -49,6 +50,14 @@ def twin_probe_itl_ms(profile: Profile, adapter: str, rank: int, a_max: int, max
     sim = simulate(workload, profile, SimConfig(a_max=a_max, duration_s=PROBE_WINDOW_S + 1.0,
                                                 max_lora_rank=max_lora_rank), requests=requests)
     return sim.itl_ms_mean
+
+
+def speed_vs_profile(profile: Profile, adapter: str, rank: int, a_max: int, max_lora_rank: int,
+                     real_itl_ms: list[float]) -> tuple[float, float]:
+    """Real over twin probe ITL (the real probes' geometric mean; above 1: slower than profiled), and the
+    twin's probe ITL."""
+    twin = twin_probe_itl_ms(profile, adapter, rank, a_max, max_lora_rank)
+    return float(geomean(real_itl_ms)) / twin, twin
 
 
 def at_speed(profile: Profile, factor: float) -> Profile:

@@ -31,11 +31,11 @@ from serving_harness.calibration import RecordedRun, recorded_run, stored_worklo
 from serving_harness.engine import Engine, EngineConfig
 from serving_harness.loadgen import measure, run_load, summarise
 from serving_harness.metrics import wait_idle
-from serving_harness.speed_probe import at_speed, real_probe_itl_ms, twin_probe_itl_ms
+from serving_harness.speed_probe import at_speed, real_probe_itl_ms, speed_vs_profile
 from serving_harness.synth import model_shape, write_adapters
 from twin.atomic import json_safe, recorded_path, write_bytes_atomic, write_json_atomic, write_text_atomic
 from twin.errors import BadInputError
-from twin.metrics import geomean, smape, smape_within_groups
+from twin.metrics import smape, smape_within_groups
 from twin.profile import Profile, artifacts_dir, profiles_dir
 from twin.simulate import SimConfig, simulate
 from twin.workload import Adapter, LengthModel, Workload, draw_requests
@@ -259,8 +259,8 @@ def at_probe_speed(profile: Profile, row: dict, run: RecordedRun, duration_s: fl
     """The twin at the speed the probes around the case measured: ``speed`` (the probes, the twin's probe
     ITL and their ratio, from the geometric mean of the real probes) and ``twin_at_speed`` (its figures)."""
     probe = row["probe"]
-    twin_probe = twin_probe_itl_ms(profile, probe["adapter"], probe["rank"], row["a_max"], row["max_lora_rank"])
-    factor = float(geomean(probe["itl_ms"])) / twin_probe
+    factor, twin_probe = speed_vs_profile(profile, probe["adapter"], probe["rank"], row["a_max"], row["max_lora_rank"],
+                                          probe["itl_ms"])
     return {"speed": {"real_probe_itl_ms": probe["itl_ms"], "twin_probe_itl_ms": twin_probe, "factor": factor},
             "twin_at_speed": twin_result(at_speed(profile, factor), run, duration_s, warmup_s)}
 
@@ -297,17 +297,17 @@ def summary_table(rows: list[dict]) -> dict:
     out["itl_engine_smape_pct_all"] = smape(twin_itl, engine)
     # The twin at the speed probed around each case: how much of the error the machine's speed of the
     # moment explains (the probes are measured apart from the case, so this is no fit to the scored cases).
-    probed = [r for r in rows if "twin_at_speed" in r]
-    out["probe_cases"] = len(probed)
-    if probed:
+    scaled = [r for r in rows if "twin_at_speed" in r]
+    out["probe_cases"] = len(scaled)
+    if scaled:
         out["starved_agreement_pct_at_probe_speed"] = float(100.0 * np.mean(
-            [r["real"]["starved"] == r["twin_at_speed"]["starved"] for r in probed]))
+            [r["real"]["starved"] == r["twin_at_speed"]["starved"] for r in scaled]))
         for name, key in METRICS:
             out[f"{name}_smape_pct_at_probe_speed"] = smape(
-                np.array([r["twin_at_speed"][key] for r in probed], float),
-                np.array([r["real"][key] for r in probed], float))
-        out["probe_speed_factor_range"] = [min(r["speed"]["factor"] for r in probed),
-                                           max(r["speed"]["factor"] for r in probed)]
+                np.array([r["twin_at_speed"][key] for r in scaled], float),
+                np.array([r["real"][key] for r in scaled], float))
+        factors = [r["speed"]["factor"] for r in scaled]
+        out["probe_speed_factor_range"] = [min(factors), max(factors)]
     return out
 
 
