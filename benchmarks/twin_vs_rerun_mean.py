@@ -4,9 +4,11 @@ Two real runs of the same requests differ by about 20 % in ITL on the 2-core VM 
 a twin scored against one run carries that noise. Here each case's real figure is the geometric mean over
 several ``planner validate`` work dirs that ran the same workloads, and the twin's is the geometric mean of
 its replays of each run's own requests (as ``planner rescore`` scores them); starvation is the majority
-of the runs (a tie is reported, not scored). Default: the three runs of the 32 CPU validation workloads on
-a quiet VM (``validation-day4a``, ``-day4b``, ``-rerun``; ``validation`` ran while other work loaded the
-VM, ``validation-niced`` and ``validation-probed`` on slow days).
+of the runs (a tie is reported, not scored). Default: the five runs of the 32 CPU validation workloads on
+a quiet VM (``validation-day4a``, ``-day4b``, ``-rerun``, ``-repeat-a``, ``-repeat-b``; ``validation`` ran
+while other work loaded the VM, ``validation-niced`` and ``validation-probed`` on slow days). It also splits
+the twin's ITL error into the runs' own noise and the twin's (:func:`itl_noise_split`) and gives it per
+engine size.
 
     python benchmarks/twin_vs_rerun_mean.py [--profile ID] [--runs DIR DIR ...]
         # -> artifacts/benchmarks/twin_vs_rerun_mean.json
@@ -30,12 +32,42 @@ from twin.metrics import geomean, smape
 from twin.profile import load_profile
 
 MEASURED = ROOT / "datasets" / "measured" / "cpu-2core-tiny-llama"
-DEFAULT_RUNS = [MEASURED / f"validation-{name}" for name in ("day4a", "day4b", "rerun")]
+DEFAULT_RUNS = [MEASURED / f"validation-{name}" for name in ("day4a", "day4b", "rerun", "repeat-a", "repeat-b")]
 
 
 def scored(profile, work_dir: Path, duration_s: float, warmup_s: float) -> dict[str, dict]:
     """case id -> the compared row (real and twin figures) of one work dir."""
     return {r["case_id"]: r for r in compare(profile, work_dir, stored_rows(profile, work_dir), duration_s, warmup_s)}
+
+
+def itl_by_a_max(sets: list[dict[str, dict]], ids: list[str]) -> dict[str, dict]:
+    """Per engine size: the twin's ITL SMAPE against the runs' mean and its mean log ratio twin/real (below 0: the
+    twin decodes faster than the runs did on average)."""
+    out = {}
+    for a_max in sorted({sets[0][i]["a_max"] for i in ids}):
+        sel = [i for i in ids if sets[0][i]["a_max"] == a_max]
+        real, twin = (geomean(np.array([[s[i][side]["itl_ms_mean"] for s in sets] for i in sel], float), axis=1)
+                      for side in ("real", "twin"))
+        out[str(a_max)] = {"cases": len(sel), "itl_smape_pct_vs_mean": smape(twin, real),
+                           "mean_log_ratio_twin_over_real": float(np.mean(np.log(twin / real)))}
+    return out
+
+
+def itl_noise_split(sets: list[dict[str, dict]], ids: list[str]) -> dict[str, float]:
+    """How much of the twin's ITL error against the runs' mean is the runs' own noise.
+
+    Per case, the runs scatter around their expectation with a log SD the runs themselves show; their mean keeps
+    1/N of that variance. What is left of the twin's mean square log error once that is taken out is the twin's own.
+    """
+    real = np.log(np.array([[s[i]["real"]["itl_ms_mean"] for s in sets] for i in ids], float))
+    twin = np.log(np.array([[s[i]["twin"]["itl_ms_mean"] for s in sets] for i in ids], float))
+    n = real.shape[1]
+    mse = float(np.mean((twin.mean(1) - real.mean(1)) ** 2))
+    noise_of_mean = float(np.mean(real.var(axis=1, ddof=1)) / n)
+    return {"itl_rms_log_error_vs_mean": float(np.sqrt(mse)),
+            "itl_rms_log_run_noise_single": float(np.sqrt(noise_of_mean * n)),
+            "itl_rms_log_run_noise_of_mean": float(np.sqrt(noise_of_mean)),
+            "itl_rms_log_error_twin_own": float(np.sqrt(max(0.0, mse - noise_of_mean)))}
 
 
 def main() -> None:
@@ -59,6 +91,8 @@ def main() -> None:
         real, twin = (np.array([[s[i][side][key] for s in sets] for i in ids], float) for side in ("real", "twin"))
         result[f"{name}_smape_pct_single_runs"] = [smape(twin[:, k], real[:, k]) for k in range(len(sets))]
         result[f"{name}_smape_pct_vs_mean"] = smape(geomean(twin, axis=1), geomean(real, axis=1))
+    result["itl_by_a_max"] = itl_by_a_max(sets, ids)
+    result.update(itl_noise_split(sets, ids))
     real_votes, twin_votes = (np.array([[s[i][side]["starved"] for s in sets] for i in ids], float).mean(1)
                               for side in ("real", "twin"))
     decided = (real_votes != 0.5) & (twin_votes != 0.5)
@@ -72,6 +106,12 @@ def main() -> None:
         singles = ", ".join(f"{v:.1f}" for v in result[f"{name}_smape_pct_single_runs"])
         print(f"{name:10s} SMAPE against the mean of {len(sets)} runs {result[f'{name}_smape_pct_vs_mean']:5.1f} % "
               f"(against each run: {singles} %)")
+    print(f"ITL RMS log error against the mean {result['itl_rms_log_error_vs_mean']:.3f}: the runs' own noise "
+          f"{result['itl_rms_log_run_noise_single']:.3f} per run, {result['itl_rms_log_run_noise_of_mean']:.3f} in "
+          f"their mean; left to the twin {result['itl_rms_log_error_twin_own']:.3f}")
+    for a_max, v in result["itl_by_a_max"].items():
+        print(f"  a_max {a_max:>2s}: {v['cases']:2d} cases, ITL SMAPE {v['itl_smape_pct_vs_mean']:5.1f} %, "
+              f"mean log twin/real {v['mean_log_ratio_twin_over_real']:+.3f}")
     print(f"starved agreement with the majority {result['starved_agreement_pct_majority']:.1f} % "
           f"({result['starved_ties']} ties)")
     print(f"wrote {args.out}")

@@ -322,15 +322,16 @@ def _write_table(profile_id, prof, rows, out_dir, duration, warmup, seed, record
 @click.command()
 @click.option("--profile", "profile_path", required=True, type=click.Path(exists=True, dir_okay=False),
               help="Profile JSON; rewritten with the fit (its validation figures are dropped).")
-@click.option("--runs", "runs_dir", type=click.Path(exists=True, file_okay=False), default=None,
-              help="Calibration runs [default: the profile's provenance.calibration.runs].")
+@click.option("--runs", "runs_dirs", type=click.Path(exists=True, file_okay=False), multiple=True,
+              help="Calibration runs; repeat to pool several work dirs of one workload set, e.g. run on "
+                   "different days [default: the profile's provenance.calibration.runs].")
 @click.option("--duration", type=click.FloatRange(min=1), default=None,
               help="Seconds of arrivals per run, as they were made [default: the previous calibration's, else 30].")
 @click.option("--warmup", type=click.FloatRange(min=0), default=None,
               help="Seconds excluded from the window [default: the previous calibration's, else 5].")
 @click.option("--json", "as_json", is_flag=True, help="Print provenance.calibration as JSON.")
 @user_errors
-def calibrate(profile_path, runs_dir, duration, warmup, as_json) -> None:
+def calibrate(profile_path, runs_dirs, duration, warmup, as_json) -> None:
     """Fit a profile's step-latency calibration (scales, arrival delay) to stored real runs, without vLLM.
 
     The runs are those `planner profile` made after fitting (calibration cases), or any `planner validate`
@@ -338,17 +339,20 @@ def calibrate(profile_path, runs_dir, duration, warmup, as_json) -> None:
     seed and the command are recorded in the profile's provenance. A profile measured with
     `--calibration-cases 0` (a short GPU lease, say) is calibrated here for the first time from `--runs`
     made later; validate it on other workloads (another `--seed`). Rerun `planner rescore --record` afterwards.
+    On a machine whose speed drifts from day to day, run the calibration workloads on several days and
+    pass every work dir: one fit to all of them describes the usual speed, not one day's.
 
     \b
     Examples:
       planner calibrate --profile artifacts/profiles/cpu-2core-tiny-llama.json
       planner validate --profile h100.json --seed 7 --cases 10 --work-dir calib-runs
       planner calibrate --profile h100.json --runs calib-runs
+      planner calibrate --profile cpu.json --runs calib-monday --runs calib-tuesday
     """
     from serving_harness.calibration import recalibrate
     from twin.atomic import write_json_atomic
 
-    data = recalibrate(profile_path, _command_line(), runs_dir, duration, warmup)
+    data = recalibrate(profile_path, _command_line(), runs_dirs, duration, warmup)
     write_json_atomic(profile_path, data)
     fit = data["provenance"]["calibration"]
     if as_json:

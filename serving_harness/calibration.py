@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -55,6 +56,12 @@ def stored_workloads(work_dir: str | Path) -> dict:
 def stored_seed(work_dir: str | Path) -> int | None:
     """The seed a work dir's workloads were drawn with; None where it kept no ``workloads.json``."""
     return stored_workloads(work_dir)["seed"] if (Path(work_dir) / "workloads.json").is_file() else None
+
+
+def calibration_run_dirs(calibration: dict) -> list[Path]:
+    """The work dirs a profile's ``provenance.calibration`` was fitted to (one path, or a list when pooled)."""
+    runs = calibration.get("runs")
+    return [] if runs is None else [Path(r) for r in ([runs] if isinstance(runs, str) else runs)]
 
 
 def load_runs(work_dir: str | Path, duration_s: float, warmup_s: float) -> list[RecordedRun]:
@@ -207,14 +214,18 @@ def calibrated_profile(profile: dict, runs: list[RecordedRun], duration_s: float
     }
 
 
-def recalibrate(path: str | Path, command: str, runs_dir: str | Path | None = None,
+def recalibrate(path: str | Path, command: str, runs_dirs: Sequence[str | Path] = (),
                 duration_s: float | None = None, warmup_s: float | None = None) -> dict:
     """The profile JSON at ``path`` with its calibration refitted to its stored calibration runs (or
-    those under ``runs_dir``), no engine needed. A profile measured without calibration cases is
-    calibrated for the first time (its step latency is the micro-benchmark fit; ``runs_dir`` is then
+    those under ``runs_dirs``, pooled), no engine needed. A profile measured without calibration cases is
+    calibrated for the first time (its step latency is the micro-benchmark fit; ``runs_dirs`` is then
     needed). Its ``validation`` figures belonged to the previous step latency and are dropped:
     re-score the validation runs to restore them. ``duration_s``/``warmup_s``: how the runs were made
-    (default: as the previous calibration's, else 30 / 5 s like `planner validate`)."""
+    (default: as the previous calibration's, else 30 / 5 s like `planner validate`).
+
+    Several work dirs — the same calibration workloads run on different days, say — are fitted as one
+    set, so that the fit describes the machine's usual speed rather than one day's; they must share a
+    workload seed, which `planner validate --record` then refuses."""
     data = json.loads(Path(path).read_text(encoding="utf-8"))
     previous = data.get("provenance", {}).get("calibration")
     micro = (data.get("step_latency_variants") or {}).get("microbenchmarks")
@@ -222,24 +233,31 @@ def recalibrate(path: str | Path, command: str, runs_dir: str | Path | None = No
         if data.get("provenance", {}).get("kind") != "measured":
             raise BadInputError(f"{path} was not measured by `planner profile`: only a measured profile's "
                                 "micro-benchmark fit can be calibrated")
-        if runs_dir is None:
+        if not runs_dirs:
             raise BadInputError(f"{path} has not been calibrated: pass --runs (a `planner validate` work dir "
                                 "of workloads it will not be validated on)")
         previous, micro = {}, data["step_latency_ms"]
     elif micro is None:
         raise BadInputError(f"{path}: calibrated, but its 'microbenchmarks' latency variant is missing; "
                             "measure it again with `planner profile`")
-    same_runs = runs_dir is None or ("runs" in previous and Path(runs_dir).resolve() == Path(previous["runs"]).resolve())
-    runs_dir = Path(runs_dir or previous["runs"])
-    if not (runs_dir / "cases").is_dir():
-        raise BadInputError(f"{runs_dir}: no stored calibration runs (cases/ and runs/ of `planner profile`)")
-    seed = stored_seed(runs_dir)  # the runs fitted may be another set than before
+    before = calibration_run_dirs(previous)
+    dirs = [Path(d) for d in runs_dirs] or before
+    same_runs = {d.resolve() for d in dirs} == {d.resolve() for d in before}
+    for d in dirs:
+        if not (d / "cases").is_dir():
+            raise BadInputError(f"{d}: no stored calibration runs (cases/ and runs/ of `planner profile`)")
+    seeds = {stored_seed(d) for d in dirs}  # the runs fitted may be another set than before
+    if len(seeds) > 1:
+        raise BadInputError("--runs: pool runs of one workload set; these were drawn with seeds "
+                            + ", ".join(str(x) for x in sorted(seeds, key=str)))
+    seed = seeds.pop()
     if seed is None and same_runs:
         seed = previous.get("seed")
-    meta = {"seed": seed, "runs": str(runs_dir), "command": command, "date": time.strftime("%Y-%m-%d")}
+    meta = {"seed": seed, "runs": str(dirs[0]) if len(dirs) == 1 else [str(d) for d in dirs], "command": command,
+            "date": time.strftime("%Y-%m-%d")}
     duration = previous.get("duration_s", 30.0) if duration_s is None else duration_s
     warmup = previous.get("warmup_s", 5.0) if warmup_s is None else warmup_s
-    data = calibrated_profile({**data, "step_latency_ms": micro}, load_runs(runs_dir, duration, warmup), duration,
-                              warmup, meta)
+    runs = [run for d in dirs for run in load_runs(d, duration, warmup)]
+    data = calibrated_profile({**data, "step_latency_ms": micro}, runs, duration, warmup, meta)
     data.pop("validation", None)
     return data

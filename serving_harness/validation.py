@@ -27,7 +27,13 @@ from typing import Any
 
 import numpy as np
 
-from serving_harness.calibration import RecordedRun, recorded_run, stored_workloads, twin_result
+from serving_harness.calibration import (
+    RecordedRun,
+    calibration_run_dirs,
+    recorded_run,
+    stored_workloads,
+    twin_result,
+)
 from serving_harness.engine import Engine, EngineConfig
 from serving_harness.loadgen import measure, run_load, summarise
 from serving_harness.metrics import wait_idle
@@ -409,8 +415,8 @@ def refuse_calibration_workloads(profile: Profile, seed: int | None, where: str)
 
 def stored_rows(profile: Profile, work_dir: Path) -> list[dict]:
     """The cases saved under ``work_dir``; refuses the runs the profile was calibrated on."""
-    calibration_runs = profile.provenance.get("calibration", {}).get("runs")
-    if calibration_runs and Path(calibration_runs).resolve() == work_dir.resolve():
+    calibration_runs = calibration_run_dirs(profile.provenance.get("calibration", {}))
+    if any(d.resolve() == work_dir.resolve() for d in calibration_runs):
         raise BadInputError(f"{work_dir} holds the runs profile {profile.profile_id} was calibrated on; "
                             "validate on held-apart runs")
     paths = sorted((work_dir / "cases").glob("*.json"))

@@ -170,3 +170,35 @@ def test_offline_calibrate_and_rescore_from_stored_runs(tmp_path, make_profile):
     store_runs(unknown, synthetic_runs(prof, 30))
     out = runner.invoke(planner_cli, ["calibrate", "--profile", str(path), "--runs", str(unknown)])
     assert out.exit_code == 0 and json.loads(path.read_text(encoding="utf-8"))["provenance"]["calibration"]["seed"] is None
+
+
+def test_calibrate_pools_runs_of_one_workload_set_from_several_work_dirs(tmp_path, make_profile):
+    """The same calibration workloads run on two days are fitted as one set; both dirs are recorded and
+    neither can be scored as validation; runs of another workload set are not pooled in."""
+    micro = make_profile_dict(**{"step_latency_ms": BASE_LATENCY, "engine.max_num_batched_tokens": 512})
+    prof = profile_from_dict(micro)
+    days = [tmp_path / "monday", tmp_path / "tuesday", tmp_path / "other-set"]
+    for i, (work, seed) in enumerate(zip(days, (8, 8, 9))):
+        store_runs(work, synthetic_runs(prof, 10 * i))
+        (work / "workloads.json").write_text(json.dumps({"count": 3, "seed": seed, "cases": []}), encoding="utf-8")
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({**micro, "provenance": {"kind": "measured"}}), encoding="utf-8")
+    runner = CliRunner()
+
+    out = runner.invoke(planner_cli, ["calibrate", "--profile", str(path), "--runs", str(days[0]),
+                                      "--runs", str(days[1]), "--duration", "20", "--warmup", "2"])
+    assert out.exit_code == 0, out.output
+    fit = json.loads(path.read_text(encoding="utf-8"))["provenance"]["calibration"]
+    assert fit["runs"] == [str(days[0]), str(days[1])] and fit["workloads"] == 6 and fit["seed"] == 8
+    assert fit["arrival_delay_ms"] == pytest.approx(30.0, abs=2.0)
+    for work in days[:2]:
+        out = runner.invoke(planner_cli, ["rescore", "--profile", str(path), "--work-dir", str(work),
+                                          "--out-dir", str(tmp_path / "out")])
+        assert out.exit_code == 2 and "calibrated on" in out.output
+
+    out = runner.invoke(planner_cli, ["calibrate", "--profile", str(path), "--runs", str(days[0]),
+                                      "--runs", str(days[2])])
+    assert out.exit_code == 2 and "seeds 8, 9" in out.output
+    # refitted without --runs: the pooled dirs recorded before
+    out = runner.invoke(planner_cli, ["calibrate", "--profile", str(path)])
+    assert out.exit_code == 0 and json.loads(path.read_text(encoding="utf-8"))["provenance"]["calibration"]["runs"] == fit["runs"]

@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import make_profile_dict
 
 from twin import ProfileError, list_profiles, load_profile
 from twin.profile import admission_rule_for_version, profile_from_dict
-
-from conftest import make_profile_dict
 
 
 def test_shipped_profiles_reproduce_the_study_tables():

@@ -15,12 +15,12 @@ def one_adapter(rate=0.0, rank=8):
 
 def test_single_request_timing_follows_the_step_model(make_profile):
     """10-token prompt, 3 outputs, budget 64: prefill step (samples token 1), then 2 decode steps."""
-    prof = make_profile(**{
-        "step_latency_ms": {"k4_ms_per_request": 2.0, "k5_ms": 10.0, "kp_ms_per_prompt_token": 0.5,
-                            "l0_ms": 1.0, "l1_ms_per_request": 0.25, "l2_ms_per_adapter": 3.0},
-        "scheduler_overhead_us": {"k1_us_per_running": 100.0, "k2_us_per_waiting": 0.0,
-                                  "k3_us_per_waiting_x_amax_over_a": 0.0, "intercept_us": 50.0},
-    })
+    prof = make_profile(
+        step_latency_ms={"k4_ms_per_request": 2.0, "k5_ms": 10.0, "kp_ms_per_prompt_token": 0.5,
+                         "l0_ms": 1.0, "l1_ms_per_request": 0.25, "l2_ms_per_adapter": 3.0},
+        scheduler_overhead_us={"k1_us_per_running": 100.0, "k2_us_per_waiting": 0.0,
+                               "k3_us_per_waiting_x_amax_over_a": 0.0, "intercept_us": 50.0},
+    )
     wl = one_adapter()
     req = trace_requests(wl, [0.0], ["a"], [10], [3])
     res = simulate(wl, prof, SimConfig(a_max=1, duration_s=100), req)
@@ -35,7 +35,7 @@ def test_single_request_timing_follows_the_step_model(make_profile):
 
 
 def test_adapter_load_paid_once_per_miss(make_profile):
-    prof = make_profile(**{"adapter_load_ms": {"by_max_lora_rank": {"8": {"8": 500.0}, "16": {"16": 1.0}}}})
+    prof = make_profile(adapter_load_ms={"by_max_lora_rank": {"8": {"8": 500.0}, "16": {"16": 1.0}}})
     wl = Workload((Adapter("a", 8, 0.0), Adapter("b", 8, 0.0)))
     # a_max=1: adapter 'a' is resident at start-up; 'b' must be loaded, then 'a' again.
     req = trace_requests(wl, [0.0, 10.0, 20.0], ["a", "b", "a"], [5, 5, 5], [1, 1, 1])
@@ -55,7 +55,7 @@ def test_light_load_keeps_up_and_heavy_load_starves(make_profile):
 
 
 def test_same_seed_same_result_other_seed_differs(make_profile):
-    prof = make_profile(**{"step_latency_ms": {"k4_ms_per_request": 0.5, "k5_ms": 5.0}})
+    prof = make_profile(step_latency_ms={"k4_ms_per_request": 0.5, "k5_ms": 5.0})
     wl = Workload(tuple(Adapter(f"a{i}", 8, 0.3, 40, 10) for i in range(6)))
     a = simulate(wl, prof, SimConfig(a_max=2, duration_s=300, seed=1))
     b = simulate(wl, prof, SimConfig(a_max=2, duration_s=300, seed=1))
@@ -100,7 +100,7 @@ def test_client_cap_rejects_arrivals_beyond_it(make_profile):
 
 def test_overload_with_huge_queue_is_handled(make_profile):
     """Hundreds of thousands waiting and a full LoRA set: the scan must not be O(waiting)."""
-    prof = make_profile(**{"step_latency_ms": {"k4_ms_per_request": 0.05, "k5_ms": 20.0}})
+    prof = make_profile(step_latency_ms={"k4_ms_per_request": 0.05, "k5_ms": 20.0})
     wl = Workload(tuple(Adapter(f"a{i}", 8, 20.0, 200, 100) for i in range(100)))
     res = simulate(wl, prof, SimConfig(a_max=4, duration_s=300))
     assert res.arrived_requests > 500_000

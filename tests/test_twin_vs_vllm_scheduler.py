@@ -45,7 +45,7 @@ def twin_trace(reqs, num_blocks, block_size, max_loras, budget, max_num_seqs, ma
     # trace_requests sorts by arrival (stable): request index i is reqs[i] as arrivals are sorted already.
     steps: dict[int, dict] = {}
     for t, r, tok, kind in res.trace:
-        s = steps.setdefault(int(round(t)), {"scheduled": {}, "admitted": [], "preempted": [], "finished": []})
+        s = steps.setdefault(round(t), {"scheduled": {}, "admitted": [], "preempted": [], "finished": []})
         rid = reqs[int(r)].req_id
         if kind in (EV_SCHEDULED, EV_ADMITTED):
             s["scheduled"][rid] = int(tok)
@@ -71,7 +71,8 @@ def vllm_trace(reqs, **kw):
 @pytest.mark.parametrize("num_blocks,max_loras", [(24, 2), (60, 1), (400, 3)])
 def test_twin_admits_and_preempts_like_vllm(seed, num_blocks, max_loras, make_profile):
     reqs = random_case(seed)
-    kw = dict(num_blocks=num_blocks, block_size=16, max_loras=max_loras, max_num_batched_tokens=64, max_num_seqs=16)
+    kw = {"num_blocks": num_blocks, "block_size": 16, "max_loras": max_loras, "max_num_batched_tokens": 64,
+          "max_num_seqs": 16}
     expected = vllm_trace(reqs, **kw)
     got = twin_trace(reqs, kw["num_blocks"], 16, max_loras, 64, 16, make_profile)
     assert sorted(got) == sorted(expected)

@@ -6,10 +6,8 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from serving_harness.v1_scheduler_replay import (  # noqa: E402
-    ReplayRequest as R,
-    replay_on_vllm_scheduler,
-)
+from serving_harness.v1_scheduler_replay import ReplayRequest as R
+from serving_harness.v1_scheduler_replay import replay_on_vllm_scheduler
 
 
 def _first_step(traces, field, req_id):

@@ -4,12 +4,37 @@ from twin.errors import BadInputError, InfeasibleError, LoraPlannerError, Profil
 from twin.profile import DEFAULT_PROFILE_ID, Profile, list_profiles, load_profile
 from twin.simulate import SimConfig, SimResult, simulate
 from twin.workload import (
-    Adapter, Conversations, LengthModel, PoissonArrivals, Requests, UnpredictableArrivals, Workload, draw_requests,
+    Adapter,
+    Conversations,
+    LengthModel,
+    PoissonArrivals,
+    Requests,
+    UnpredictableArrivals,
+    Workload,
+    draw_requests,
     trace_requests,
 )
 
 __all__ = [
-    "Adapter", "BadInputError", "Conversations", "DEFAULT_PROFILE_ID", "InfeasibleError", "LengthModel", "LoraPlannerError",
-    "PoissonArrivals", "Profile", "ProfileError", "Requests", "SimConfig", "SimResult", "UnpredictableArrivals",
-    "Workload", "WorkloadError", "draw_requests", "list_profiles", "load_profile", "simulate", "trace_requests",
+    "DEFAULT_PROFILE_ID",
+    "Adapter",
+    "BadInputError",
+    "Conversations",
+    "InfeasibleError",
+    "LengthModel",
+    "LoraPlannerError",
+    "PoissonArrivals",
+    "Profile",
+    "ProfileError",
+    "Requests",
+    "SimConfig",
+    "SimResult",
+    "UnpredictableArrivals",
+    "Workload",
+    "WorkloadError",
+    "draw_requests",
+    "list_profiles",
+    "load_profile",
+    "simulate",
+    "trace_requests",
 ]
