@@ -242,6 +242,8 @@ def recalibrate(path: str | Path, command: str, runs_dirs: Sequence[str | Path] 
                             "measure it again with `planner profile`")
     before = calibration_run_dirs(previous)
     dirs = [Path(d) for d in runs_dirs] or before
+    if not dirs:
+        raise BadInputError(f"{path}: its calibration records no runs; pass --runs")
     same_runs = {d.resolve() for d in dirs} == {d.resolve() for d in before}
     for d in dirs:
         if not (d / "cases").is_dir():

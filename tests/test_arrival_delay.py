@@ -202,3 +202,8 @@ def test_calibrate_pools_runs_of_one_workload_set_from_several_work_dirs(tmp_pat
     # refitted without --runs: the pooled dirs recorded before
     out = runner.invoke(planner_cli, ["calibrate", "--profile", str(path)])
     assert out.exit_code == 0 and json.loads(path.read_text(encoding="utf-8"))["provenance"]["calibration"]["runs"] == fit["runs"]
+    # a calibration that names no runs, and none given: a clear error, not a crash
+    path.write_text(json.dumps({**micro, "step_latency_variants": {"microbenchmarks": micro["step_latency_ms"]},
+                                "provenance": {"kind": "measured", "calibration": {"seed": 8}}}), encoding="utf-8")
+    out = runner.invoke(planner_cli, ["calibrate", "--profile", str(path)])
+    assert out.exit_code == 2 and "records no runs" in out.output
