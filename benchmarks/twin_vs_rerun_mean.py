@@ -7,8 +7,9 @@ its replays of each run's own requests (as ``planner rescore`` scores them); sta
 of the runs (a tie is reported, not scored). Default: the five runs of the 32 CPU validation workloads on
 a quiet VM (``validation-day4a``, ``-day4b``, ``-rerun``, ``-repeat-a``, ``-repeat-b``; ``validation`` ran
 while other work loaded the VM, ``validation-niced`` and ``validation-probed`` on slow days). It also splits
-the twin's ITL error into the runs' own noise and the twin's (:func:`itl_noise_split`) and gives it per
-engine size.
+the twin's ITL error into the runs' own noise and the twin's (:func:`itl_noise_split`), gives it per
+engine size, and scores the best a predictor that does not know a run's own speed could do: each run
+against the mean (and starvation majority) of the other runs of the same requests (:func:`leave_one_out_floor`).
 
     python benchmarks/twin_vs_rerun_mean.py [--profile ID] [--runs DIR DIR ...]
         # -> artifacts/benchmarks/twin_vs_rerun_mean.json
@@ -70,6 +71,25 @@ def itl_noise_split(sets: list[dict[str, dict]], ids: list[str]) -> dict[str, fl
             "itl_rms_log_error_twin_own": float(np.sqrt(max(0.0, mse - noise_of_mean)))}
 
 
+def leave_one_out_floor(sets: list[dict[str, dict]], ids: list[str]) -> dict[str, list[float]]:
+    """Each run scored against the geometric mean of the other runs of the same requests (starvation: their
+    majority, ties left out): an oracle that knows every case's usual outcome but not the speed the machine gave
+    that run. No twin can be expected closer to a single run than this."""
+    out: dict[str, list[float]] = {}
+    for name, key in METRICS:
+        real = np.array([[s[i]["real"][key] for s in sets] for i in ids], float)
+        out[f"{name}_smape_pct_others_mean_vs_each_run"] = [
+            smape(geomean(np.delete(real, k, axis=1), axis=1), real[:, k]) for k in range(len(sets))]
+    starved = np.array([[s[i]["real"]["starved"] for s in sets] for i in ids], float)
+    agreement = []
+    for k in range(len(sets)):
+        votes = np.delete(starved, k, axis=1).mean(1)
+        decided = votes != 0.5
+        agreement.append(float(100.0 * np.mean((votes[decided] > 0.5) == (starved[decided, k] > 0.5))))
+    out["starved_agreement_pct_others_majority_vs_each_run"] = agreement
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", default="cpu-2core-tiny-llama", help="Profile id or JSON path.")
@@ -93,6 +113,7 @@ def main() -> None:
         result[f"{name}_smape_pct_vs_mean"] = smape(geomean(twin, axis=1), geomean(real, axis=1))
     result["itl_by_a_max"] = itl_by_a_max(sets, ids)
     result.update(itl_noise_split(sets, ids))
+    result["floor_leave_one_out"] = leave_one_out_floor(sets, ids)
     real_votes, twin_votes = (np.array([[s[i][side]["starved"] for s in sets] for i in ids], float).mean(1)
                               for side in ("real", "twin"))
     decided = (real_votes != 0.5) & (twin_votes != 0.5)
@@ -114,6 +135,13 @@ def main() -> None:
               f"mean log twin/real {v['mean_log_ratio_twin_over_real']:+.3f}")
     print(f"starved agreement with the majority {result['starved_agreement_pct_majority']:.1f} % "
           f"({result['starved_ties']} ties)")
+    floor = result["floor_leave_one_out"]
+    print("the floor: each run against the mean of the others (an oracle of the usual outcome):")
+    for name, _ in METRICS:
+        values = floor[f"{name}_smape_pct_others_mean_vs_each_run"]
+        print(f"  {name:10s} SMAPE {', '.join(f'{v:.1f}' for v in values)} % (mean {np.mean(values):.1f} %)")
+    values = floor["starved_agreement_pct_others_majority_vs_each_run"]
+    print(f"  starved agreement {', '.join(f'{v:.1f}' for v in values)} % (mean {np.mean(values):.1f} %)")
     print(f"wrote {args.out}")
 
 
