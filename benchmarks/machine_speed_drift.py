@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from serving_harness.profiling import machine_facts
 from twin.atomic import write_json_atomic
 
 
@@ -53,11 +53,12 @@ def busy(core: int, seconds: float, queue: mp.Queue) -> None:
 
 
 def window_means(starts: np.ndarray, durations: np.ndarray, window: float) -> np.ndarray:
-    """Mean unit time (ms) in each whole ``window`` of seconds."""
-    edges = np.arange(0.0, starts.max() + 1e-9, window)
-    idx = np.digitize(starts, edges) - 1
-    full = len(edges) - 1  # the last, partial window is left out
-    return np.array([durations[idx == k].mean() * 1e3 for k in range(full) if np.any(idx == k)])
+    """Mean unit time (ms) in each whole ``window`` of seconds (the last, partial window is left out)."""
+    k = (starts // window).astype(np.int64)
+    whole = k < int(starts.max() // window)
+    counts = np.bincount(k[whole])
+    sums = np.bincount(k[whole], weights=durations[whole])
+    return sums[counts > 0] / counts[counts > 0] * 1e3
 
 
 def core_summary(starts: np.ndarray, durations: np.ndarray, window: float) -> dict:
@@ -96,16 +97,11 @@ def main() -> None:
         results[core] = core_summary(np.array(starts), np.array(durations), args.window)
     for p in procs:
         p.join()
-    per_core = [results[c] for c in cores]
-    out = {
-        "machine": {"cpu": platform.processor() or platform.machine(), "nproc": len(cores),
-                    "platform": platform.platform()},
-        "minutes": args.minutes, "window_s": args.window,
-        "cores": {str(c): results[c] for c in cores},
-        "sd_log_window_mean_per_core": [r["sd_log_window_mean"] for r in per_core],
-    }
+    out = {"machine": machine_facts(), "minutes": args.minutes, "window_s": args.window,
+           "cores": {str(c): results[c] for c in cores}}
     write_json_atomic(args.out, out)
-    for c, r in zip(cores, per_core):
+    for c in cores:
+        r = results[c]
         p10, p50, p90 = r["unit_ms_p10_p50_p90"]
         print(f"core {c}: {r['units']} units, p10/p50/p90 {p10:.1f}/{p50:.1f}/{p90:.1f} ms (SD of log "
               f"{r['sd_log_unit']:.3f}); {r['windows']} windows of {args.window:g} s: SD of log mean "

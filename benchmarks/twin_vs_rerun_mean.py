@@ -41,13 +41,18 @@ def scored(profile, work_dir: Path, duration_s: float, warmup_s: float) -> dict[
     return {r["case_id"]: r for r in compare(profile, work_dir, stored_rows(profile, work_dir), duration_s, warmup_s)}
 
 
+def by_case(sets: list[dict[str, dict]], ids: list[str], side: str, key: str) -> np.ndarray:
+    """One figure (``side`` "real" or "twin", ``key``) of every case (rows, ``ids`` order) in every run (columns)."""
+    return np.array([[s[i][side][key] for s in sets] for i in ids], float)
+
+
 def itl_by_a_max(sets: list[dict[str, dict]], ids: list[str]) -> dict[str, dict]:
     """Per engine size: the twin's ITL SMAPE against the runs' mean and its mean log ratio twin/real (below 0: the
     twin decodes faster than the runs did on average)."""
     out = {}
     for a_max in sorted({sets[0][i]["a_max"] for i in ids}):
         sel = [i for i in ids if sets[0][i]["a_max"] == a_max]
-        real, twin = (geomean(np.array([[s[i][side]["itl_ms_mean"] for s in sets] for i in sel], float), axis=1)
+        real, twin = (geomean(by_case(sets, sel, side, "itl_ms_mean"), axis=1)
                       for side in ("real", "twin"))
         out[str(a_max)] = {"cases": len(sel), "itl_smape_pct_vs_mean": smape(twin, real),
                            "mean_log_ratio_twin_over_real": float(np.mean(np.log(twin / real)))}
@@ -60,8 +65,7 @@ def itl_noise_split(sets: list[dict[str, dict]], ids: list[str]) -> dict[str, fl
     Per case, the runs scatter around their expectation with a log SD the runs themselves show; their mean keeps
     1/N of that variance. What is left of the twin's mean square log error once that is taken out is the twin's own.
     """
-    real = np.log(np.array([[s[i]["real"]["itl_ms_mean"] for s in sets] for i in ids], float))
-    twin = np.log(np.array([[s[i]["twin"]["itl_ms_mean"] for s in sets] for i in ids], float))
+    real, twin = (np.log(by_case(sets, ids, side, "itl_ms_mean")) for side in ("real", "twin"))
     n = real.shape[1]
     mse = float(np.mean((twin.mean(1) - real.mean(1)) ** 2))
     noise_of_mean = float(np.mean(real.var(axis=1, ddof=1)) / n)
@@ -77,10 +81,10 @@ def leave_one_out_floor(sets: list[dict[str, dict]], ids: list[str]) -> dict[str
     that run. No twin can be expected closer to a single run than this."""
     out: dict[str, list[float]] = {}
     for name, key in METRICS:
-        real = np.array([[s[i]["real"][key] for s in sets] for i in ids], float)
+        real = by_case(sets, ids, "real", key)
         out[f"{name}_smape_pct_others_mean_vs_each_run"] = [
             smape(geomean(np.delete(real, k, axis=1), axis=1), real[:, k]) for k in range(len(sets))]
-    starved = np.array([[s[i]["real"]["starved"] for s in sets] for i in ids], float)
+    starved = by_case(sets, ids, "real", "starved")
     agreement = []
     for k in range(len(sets)):
         votes = np.delete(starved, k, axis=1).mean(1)
@@ -108,14 +112,13 @@ def main() -> None:
     result = {"profile_id": profile.profile_id, "runs": [recorded_path(d, ROOT) for d in args.runs],
               "cases": len(ids), "smape": "standard: 100*mean(2|twin-real|/(|twin|+|real|))"}
     for name, key in METRICS:
-        real, twin = (np.array([[s[i][side][key] for s in sets] for i in ids], float) for side in ("real", "twin"))
+        real, twin = (by_case(sets, ids, side, key) for side in ("real", "twin"))
         result[f"{name}_smape_pct_single_runs"] = [smape(twin[:, k], real[:, k]) for k in range(len(sets))]
         result[f"{name}_smape_pct_vs_mean"] = smape(geomean(twin, axis=1), geomean(real, axis=1))
     result["itl_by_a_max"] = itl_by_a_max(sets, ids)
     result.update(itl_noise_split(sets, ids))
     result["floor_leave_one_out"] = leave_one_out_floor(sets, ids)
-    real_votes, twin_votes = (np.array([[s[i][side]["starved"] for s in sets] for i in ids], float).mean(1)
-                              for side in ("real", "twin"))
+    real_votes, twin_votes = (by_case(sets, ids, side, "starved").mean(1) for side in ("real", "twin"))
     decided = (real_votes != 0.5) & (twin_votes != 0.5)
     result["starved_ties"] = int((~decided).sum())
     result["starved_agreement_pct_majority"] = float(100.0 * np.mean(
