@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from models.features import N_FEATURES, engine_terms, fill_features
+from models.fleet_grid import FleetGrid
 from models.progress import Progress
 from models.surrogate import client_cap, simulation_hash
 from twin.atomic import write_bytes_atomic, write_json_atomic
@@ -51,12 +52,14 @@ from twin.profile import Profile
 from twin.simulate import SimConfig, simulate
 from twin.workload import Adapter, Workload
 
-DATASET_SCHEMA_VERSION = 1
+#: 2: the SLO targets (``ttft_ms_p99_all``, ``tpot_ms_p99``) and per-adapter lengths; version-1 files read
+#: with those targets missing.
+DATASET_SCHEMA_VERSION = 2
 METADATA_KEY = b"lora_planner"
 PAPER_SERVED = (8, 16, 32, 64, 96, 128, 160, 192, 256, 320, 384)
 PAPER_RATES = (3.2, 1.6, 0.8, 0.4, 0.1, 0.05, 0.025, 0.0125, 0.00625, 0.003125)
 PAPER_RANKS = (8, 16, 32)
-TARGETS = ("throughput_tok_s", "arriving_tok_s", "itl_ms", "ttft_ms", "starved")
+TARGETS = ("throughput_tok_s", "arriving_tok_s", "itl_ms", "ttft_ms", "ttft_ms_p99_all", "tpot_ms_p99", "starved")
 
 
 @dataclass(frozen=True)
@@ -105,9 +108,12 @@ class GridSpec:
         return grid
 
     @classmethod
-    def load(cls, name_or_path: str, duration_s: float | None = None) -> GridSpec:
-        """``paper``, ``small`` or a JSON file with the fields of this class."""
-        if name_or_path in ("paper", "small"):
+    def load(cls, name_or_path: str, duration_s: float | None = None) -> GridSpec | FleetGrid:
+        """``paper``, ``small``, ``fleet`` or a JSON file with the fields of this class (or, with
+        ``"kind": "fleet"``, of :class:`models.fleet_grid.FleetGrid`)."""
+        if name_or_path == "fleet":
+            grid = FleetGrid()
+        elif name_or_path in ("paper", "small"):
             grid = getattr(cls, name_or_path)()
         else:
             path = Path(name_or_path)
@@ -115,9 +121,10 @@ class GridSpec:
                 raw = json.loads(path.read_text(encoding="utf-8"))
             except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
                 raise BadInputError(f"--grid {name_or_path}: not 'paper', 'small' or a readable JSON file ({exc})") from None
-            grid = cls.from_dict({"name": path.stem, **raw}, where=str(path))
+            kind = FleetGrid if isinstance(raw, dict) and raw.get("kind") == "fleet" else cls
+            grid = kind.from_dict({"name": path.stem, **raw}, where=str(path))
         if duration_s is not None:
-            grid = cls(**{**asdict(grid), "duration_s": float(duration_s)})
+            grid = type(grid)(**{**asdict(grid), "duration_s": float(duration_s)})
         return grid
 
     def validate(self, where: str = "grid") -> None:
@@ -160,6 +167,9 @@ class GridSpec:
             pts = [pts[i] for i in keep]
         return pts
 
+    def spec(self, profile: Profile, scenario_id: int, point, policy: PolicySpec | None = None) -> dict[str, Any]:
+        return scenario_spec(self, profile, scenario_id, point, policy)
+
 
 def _spread(values: Sequence, n: int, rng: np.random.Generator) -> np.ndarray:
     """``values`` assigned round-robin to ``n`` adapters, then shuffled."""
@@ -184,39 +194,53 @@ def scenario_spec(grid: GridSpec, profile: Profile, scenario_id: int, point,
         "scenario_id": scenario_id, "profile_id": profile.profile_id, "seed": int(rng.integers(2**31)),
         "served_adapters": served, "a_max": a_max, "max_lora_rank": max_lora_rank or 0,
         "ranks": ranks, "rates_rps": rates, "input_tokens": input_tokens, "output_tokens": output_tokens,
+        "adapter_input_tokens": np.empty(0), "adapter_output_tokens": np.empty(0),
         "duration_s": grid.duration_s, "kv_tokens": kv_tokens or 0, "memory_error": kv_tokens is None,
     }
 
 
-def run_scenario(grid: GridSpec, profile: Profile, scenario_id: int, point, sim_seed_offset: int = 0,
+def run_scenario(grid: GridSpec | FleetGrid, profile: Profile, scenario_id: int, point, sim_seed_offset: int = 0,
                  policy: PolicySpec | None = None) -> dict[str, Any]:
     """One dataset row: spec and twin targets (NaN targets for a memory error), under serving ``policy``.
 
     ``sim_seed_offset`` changes only the twin's arrival draws (noise-floor measurements).
     """
-    spec = scenario_spec(grid, profile, scenario_id, point, policy)
+    spec = grid.spec(profile, scenario_id, point, policy)
     spec["seed"] += sim_seed_offset
     row = dict(spec)
     nan = float("nan")
     if spec["memory_error"]:
-        row.update(throughput_tok_s=nan, arriving_tok_s=nan, itl_ms=nan, ttft_ms=nan, starved=None,
+        row.update(throughput_tok_s=nan, arriving_tok_s=nan, itl_ms=nan, ttft_ms=nan, ttft_ms_p99_all=nan,
+                   tpot_ms_p99=nan, starved=None,
                    arrived_requests=0, finished_requests=0, preemptions=0, sim_wall_s=0.0)
     else:
-        wl = Workload(tuple(Adapter(f"a{i}", int(r), float(lam), spec["input_tokens"], spec["output_tokens"])
+        ins, outs = adapter_lengths(spec)
+        wl = Workload(tuple(Adapter(f"a{i}", int(r), float(lam), float(ins[i]), float(outs[i]))
                             for i, (r, lam) in enumerate(zip(spec["ranks"], spec["rates_rps"]))))
         res = simulate(wl, profile, SimConfig(a_max=spec["a_max"], duration_s=grid.duration_s, seed=spec["seed"],
                                               max_lora_rank=spec["max_lora_rank"], policy=policy,
                                               max_in_flight=grid.max_in_flight))
         row.update(throughput_tok_s=res.total_throughput_tok_s, arriving_tok_s=res.arriving_tok_s,
-                   itl_ms=res.itl_ms_mean, ttft_ms=res.ttft_ms_mean, starved=res.starved,
+                   itl_ms=res.itl_ms_mean, ttft_ms=res.ttft_ms_mean, ttft_ms_p99_all=res.ttft_ms_p99_all,
+                   tpot_ms_p99=res.tpot_ms_p99, starved=res.starved,
                    arrived_requests=res.arrived_requests, finished_requests=res.finished_requests,
                    preemptions=res.preemptions, sim_wall_s=res.sim_wall_s)
-    row["ranks"] = spec["ranks"].tolist()
-    row["rates_rps"] = spec["rates_rps"].tolist()
+    for key in ("ranks", "rates_rps", "adapter_input_tokens", "adapter_output_tokens"):
+        row[key] = spec[key].tolist()
     return row
 
 
-def _run_chunk(grid: GridSpec, profile: Profile, items: list[tuple[int, Any]],
+def adapter_lengths(spec: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-adapter mean prompt and output tokens of a scenario spec or dataset row: its own lists where it
+    has them (fleet grids), else the scenario's one pair for every adapter."""
+    n = int(spec["served_adapters"])
+    per = spec.get("adapter_input_tokens")
+    if per is not None and len(per):
+        return np.asarray(per, np.float64), np.asarray(spec["adapter_output_tokens"], np.float64)
+    return np.full(n, float(spec["input_tokens"])), np.full(n, float(spec["output_tokens"]))
+
+
+def _run_chunk(grid: GridSpec | FleetGrid, profile: Profile, items: list[tuple[int, Any]],
                policy: PolicySpec | None) -> list[dict[str, Any]]:
     return [run_scenario(grid, profile, sid, point, policy=policy) for sid, point in items]
 
@@ -228,10 +252,12 @@ def _schema():
         ("scenario_id", pa.int64()), ("profile_id", pa.string()), ("seed", pa.int64()),
         ("served_adapters", pa.int32()), ("a_max", pa.int32()), ("max_lora_rank", pa.int32()),
         ("ranks", pa.list_(pa.int16())), ("rates_rps", pa.list_(pa.float64())),
-        ("input_tokens", pa.float64()), ("output_tokens", pa.float64()), ("duration_s", pa.float64()),
-        ("kv_tokens", pa.int64()), ("memory_error", pa.bool_()),
+        ("input_tokens", pa.float64()), ("output_tokens", pa.float64()),
+        ("adapter_input_tokens", pa.list_(pa.float64())), ("adapter_output_tokens", pa.list_(pa.float64())),
+        ("duration_s", pa.float64()), ("kv_tokens", pa.int64()), ("memory_error", pa.bool_()),
         ("throughput_tok_s", pa.float64()), ("arriving_tok_s", pa.float64()), ("itl_ms", pa.float64()),
-        ("ttft_ms", pa.float64()), ("starved", pa.bool_()), ("arrived_requests", pa.int64()),
+        ("ttft_ms", pa.float64()), ("ttft_ms_p99_all", pa.float64()), ("tpot_ms_p99", pa.float64()),
+        ("starved", pa.bool_()), ("arrived_requests", pa.int64()),
         ("finished_requests", pa.int64()), ("preemptions", pa.int64()), ("sim_wall_s", pa.float64()),
     ]
     return pa.schema(cols)
@@ -349,7 +375,7 @@ def _open_work_dir(work: Path, state: dict[str, Any]) -> set[int]:
     return done
 
 
-def build_dataset(profile: Profile, grid: GridSpec, out: str | Path, jobs: int = 1, backend: str = "local",
+def build_dataset(profile: Profile, grid: GridSpec | FleetGrid, out: str | Path, jobs: int = 1, backend: str = "local",
                   address: str | None = None, limit: int = 0, chunk: int = 8, flush_rows: int = 400,
                   progress: bool = True, policy: PolicySpec | None = None) -> BuildResult:
     """Run (or resume) the build of ``grid`` for ``profile`` under serving ``policy`` (None: stock) into ``out``.
@@ -439,6 +465,8 @@ class Dataset:
     scenario_id: np.ndarray
     metadata: dict[str, Any]
     sha256: str
+    #: p99 TTFT over every arrival (SimResult.ttft_ms_p99_all); NaN in rows of schema-1 files
+    ttft_ms_p99_all: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.X.shape[0])
@@ -451,6 +479,7 @@ def read_dataset(paths: Iterable[str | Path], profile: Profile, policy: PolicySp
     Rows store scenarios, not features, so a new feature needs no rebuild, only a retrain.
     """
     _require_pyarrow()
+    import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
@@ -459,9 +488,13 @@ def read_dataset(paths: Iterable[str | Path], profile: Profile, policy: PolicySp
     for path in paths:
         path = Path(path)
         try:
-            table = pq.read_table(path, columns=[*_SPEC_COLUMNS, *_TARGET_COLUMNS])
+            names = set(pq.read_schema(path).names)
+            table = pq.read_table(path, columns=[c for c in (*_SPEC_COLUMNS, *_TARGET_COLUMNS) if c in names])
         except (OSError, ValueError, KeyError) as exc:
             raise BadInputError(f"{path}: not a readable dataset parquet ({exc})") from None
+        missing = [c for c in (*_SPEC_COLUMNS, *_TARGET_COLUMNS) if c not in names and c not in _SINCE_SCHEMA_2]
+        if missing:
+            raise BadInputError(f"{path}: not a dataset parquet (no column {missing[0]})")
         raw = (table.schema.metadata or {}).get(METADATA_KEY)
         if raw is None:
             raise BadInputError(f"{path}: no lora_planner metadata; build it with `planner dataset build`")
@@ -479,18 +512,22 @@ def read_dataset(paths: Iterable[str | Path], profile: Profile, policy: PolicySp
                                 f"hash {meta['profile_hash']}, now {simulation_hash(profile, policy)}); rebuild it")
         digest.update(path.read_bytes())
         paths_seen.append(path)
-        parts.append(table.filter(pc.invert(table.column("memory_error"))))
+        table = table.filter(pc.invert(table.column("memory_error")))
+        for name in _SINCE_SCHEMA_2:  # schema-1 files: no per-adapter lengths, no SLO targets
+            if name not in names:
+                empty = [[]] * table.num_rows if name.startswith("adapter_") else [float("nan")] * table.num_rows
+                table = table.append_column(name, pa.array(empty, _schema().field(name).type))
+        parts.append(table)
         metas.append(meta)
     if not parts:
         raise BadInputError("no dataset given")
-    cols = {name: [v for t in parts for v in t.column(name).to_pylist()] for name in _SPEC_COLUMNS}
+    cols = {name: [v for t in parts for v in t.column(name).to_pylist()] for name in _SPEC_COLUMNS + _LENGTH_COLUMNS}
     terms = engine_terms(profile)
     X = np.empty((len(cols["scenario_id"]), N_FEATURES))
     for i in range(X.shape[0]):
-        n = cols["served_adapters"][i]
+        ins, outs = adapter_lengths({name: values[i] for name, values in cols.items()})
         fill_features(terms, np.asarray(cols["ranks"][i], np.int64), np.asarray(cols["rates_rps"][i], np.float64),
-                      np.full(n, cols["input_tokens"][i]), np.full(n, cols["output_tokens"][i]), cols["a_max"][i],
-                      cols["max_lora_rank"][i], float(cols["kv_tokens"][i]), X[i])
+                      ins, outs, cols["a_max"][i], cols["max_lora_rank"][i], float(cols["kv_tokens"][i]), X[i])
 
     def target(name, dtype):
         return np.concatenate([t.column(name).to_numpy(zero_copy_only=False) for t in parts]).astype(dtype)
@@ -498,9 +535,12 @@ def read_dataset(paths: Iterable[str | Path], profile: Profile, policy: PolicySp
     return Dataset(X, target("throughput_tok_s", np.float64), target("arriving_tok_s", np.float64),
                    target("starved", bool), np.asarray(cols["scenario_id"], np.int64),
                    {"profile_id": profile.profile_id, "profile_hash": metas[0]["profile_hash"], "files": metas},
-                   digest.hexdigest())
+                   digest.hexdigest(), target("ttft_ms_p99_all", np.float64))
 
 
 _SPEC_COLUMNS = ("scenario_id", "served_adapters", "a_max", "max_lora_rank", "ranks", "rates_rps", "input_tokens",
                  "output_tokens", "kv_tokens")
-_TARGET_COLUMNS = ("memory_error", "throughput_tok_s", "arriving_tok_s", "starved")
+_LENGTH_COLUMNS = ("adapter_input_tokens", "adapter_output_tokens")
+_TARGET_COLUMNS = ("memory_error", "throughput_tok_s", "arriving_tok_s", "starved", "ttft_ms_p99_all",
+                   *_LENGTH_COLUMNS)
+_SINCE_SCHEMA_2 = ("ttft_ms_p99_all", *_LENGTH_COLUMNS)

@@ -23,6 +23,7 @@ import multiprocessing
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Protocol
 
 import numpy as np
@@ -44,6 +45,9 @@ class GpuScenario:
     output_tokens: np.ndarray  # float64 mean output tokens per adapter
     a_max: int
     max_lora_rank: int | None = None  # None: the smallest profiled rank holding every adapter
+    # The latency SLO the GPU must meet (the strictest of its adapters'); inf: none.
+    max_ttft_ms: float = float("inf")  # p99 time to first token over every arrival
+    max_tpot_ms: float = float("inf")  # p99 time per output token over finished requests
 
     @property
     def arriving_tok_s(self) -> float:
@@ -58,10 +62,19 @@ class Predictions:
     throughput_tok_s: np.ndarray  # float64, one per scenario
     starved: np.ndarray  # bool
     arriving_tok_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    # Latency, from the twin only (None from the surrogates): p99 TTFT of finished requests, and the
-    # fraction of arrivals that finished within the window.
-    ttft_ms_p99: np.ndarray | None = None
-    finished_fraction: np.ndarray | None = None
+    # Latency, where the predictor gives it (None otherwise): p99 TTFT over every arrival
+    # (``SimResult.ttft_ms_p99_all``) and p99 time per output token; from the twin, also mean ITL.
+    ttft_ms_p99_all: np.ndarray | None = None
+    tpot_ms_p99: np.ndarray | None = None
+    itl_ms_mean: np.ndarray | None = None
+
+    def meets_latency(self, scenarios: Sequence[GpuScenario]) -> np.ndarray:
+        """Which scenarios are predicted within their latency SLO (true where a figure is not predicted)."""
+        ok = np.ones(len(scenarios), bool)
+        for figure, limit in ((self.ttft_ms_p99_all, "max_ttft_ms"), (self.tpot_ms_p99, "max_tpot_ms")):
+            if figure is not None:
+                ok &= ~(figure > np.array([getattr(s, limit) for s in scenarios]))  # NaN (no request): no miss
+        return ok
 
 
 class Predictor(Protocol):
@@ -74,8 +87,9 @@ class Predictor(Protocol):
 
 @dataclass
 class TwinPredictor:
-    """Answers by simulating each scenario (Poisson arrivals, the profile's length model, fixed seed); ``jobs`` > 1
-    simulates the scenarios of one call in that many forked processes."""
+    """Answers by simulating each scenario (the ``arrivals`` process, Poisson by default; the profile's length
+    model; a fixed seed); ``jobs`` > 1 simulates the scenarios of one call in that many forked processes.
+    ``slowdown`` runs the twin on a GPU that many times slower than the profile (``Profile.slowed``)."""
 
     profile: Profile
     duration_s: float = 3600.0
@@ -83,34 +97,50 @@ class TwinPredictor:
     kind: str = "twin"
     policy: PolicySpec | None = None
     jobs: int = 1
+    slowdown: float = 1.0
+    arrivals: object = None  # a twin arrival process; None: Poisson
+    progress: Callable[[int, int], None] | None = None  # (scenarios done, of) after each one
 
     @property
     def profile_id(self) -> str:
         return self.profile.profile_id
 
     def predict(self, scenarios: Sequence[GpuScenario]) -> Predictions:
-        if self.jobs > 1 and len(scenarios) > 1:
+        n = len(scenarios)
+        one = partial(_simulate, self.profile.slowed(self.slowdown), self.duration_s, self.seed, self.policy,
+                      self.arrivals)
+        if self.jobs > 1 and n > 1:
             ctx = multiprocessing.get_context("fork")  # workers inherit the compiled twin: no start-up compile
-            with ProcessPoolExecutor(min(self.jobs, len(scenarios)), mp_context=ctx) as pool:
-                out = list(pool.map(self._simulate, scenarios))
+            with ProcessPoolExecutor(min(self.jobs, n), mp_context=ctx) as pool:
+                out = self._collect(pool.map(one, scenarios, chunksize=max(1, n // (8 * self.jobs))), n)
         else:
-            out = [self._simulate(sc) for sc in scenarios]
-        res = np.array(out, float).reshape(len(scenarios), 4)
+            out = self._collect(map(one, scenarios), n)
+        res = np.array(out, float).reshape(n, 5)
         thr, arriving = res[:, 0].copy(), res[:, 1].copy()
-        return Predictions(thr, thr < STARVATION_THRESHOLD * arriving, arriving, res[:, 2].copy(), res[:, 3].copy())
+        return Predictions(thr, thr < STARVATION_THRESHOLD * arriving, arriving, res[:, 2].copy(), res[:, 3].copy(),
+                           res[:, 4].copy())
 
-    def _simulate(self, sc: GpuScenario) -> tuple[float, float, float, float]:
-        """(throughput, arriving) tokens/s, p99 TTFT (ms) and finished fraction of one scenario."""
-        workload = Workload(tuple(
-            Adapter(f"a{j}", int(sc.ranks[j]), float(sc.rates_rps[j]),
-                    float(sc.input_tokens[j]), float(sc.output_tokens[j]))
-            for j in range(len(sc))
-        ))
-        res = simulate(workload, self.profile, SimConfig(
-            a_max=sc.a_max, duration_s=self.duration_s, seed=self.seed, max_lora_rank=sc.max_lora_rank,
-            policy=self.policy))
-        done = res.finished_requests / res.arrived_requests if res.arrived_requests else 1.0
-        return res.total_throughput_tok_s, res.arriving_tok_s, res.ttft_ms_p99, done
+    def _collect(self, results, n: int) -> list:
+        out = []
+        for row in results:
+            out.append(row)
+            if self.progress:
+                self.progress(len(out), n)
+        return out
+
+
+def _simulate(profile: Profile, duration_s: float, seed: int, policy: PolicySpec | None, arrivals,
+              sc: GpuScenario) -> tuple[float, ...]:
+    """(throughput, arriving) tokens/s, p99 TTFT over every arrival, p99 TPOT and mean ITL (ms) of one scenario
+    in the twin (a module function: it goes to worker processes)."""
+    workload = Workload(tuple(
+        Adapter(f"a{j}", int(sc.ranks[j]), float(sc.rates_rps[j]), float(sc.input_tokens[j]), float(sc.output_tokens[j]))
+        for j in range(len(sc))
+    ))
+    config = SimConfig(a_max=sc.a_max, duration_s=duration_s, seed=seed, max_lora_rank=sc.max_lora_rank, policy=policy,
+                       **({} if arrivals is None else {"arrivals": arrivals}))
+    res = simulate(workload, profile, config)
+    return res.total_throughput_tok_s, res.arriving_tok_s, res.ttft_ms_p99_all, res.tpot_ms_p99, res.itl_ms_mean
 
 
 PredictorFactory = Callable[[Profile, PolicySpec | None], Predictor]

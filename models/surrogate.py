@@ -43,6 +43,8 @@ ARTIFACT_SCHEMA_VERSION = 1
 ARRAYS_FILE = "surrogate.npz"
 METADATA_FILE = "surrogate.json"
 FOREST_NAMES = ("full_throughput", "full_starved", "small_throughput", "small_starved")
+#: The latency forests (log10 p99 TTFT): in artifacts trained on datasets that have the target.
+LATENCY_FORESTS = ("full_ttft", "small_ttft")
 KINDS = {"surrogate": "full", "small-tree": "small"}
 
 
@@ -83,7 +85,7 @@ def has_artifact(profile: Profile, directory: str | Path | None = None) -> bool:
 
 def arrays_digest(forests: dict[str, FlatForest]) -> str:
     h = hashlib.sha256()
-    for name in FOREST_NAMES:
+    for name in (*FOREST_NAMES, *(n for n in LATENCY_FORESTS if n in forests)):
         for key, arr in sorted(forests[name].arrays(name + ".").items()):
             h.update(key.encode())
             h.update(np.ascontiguousarray(arr).tobytes())
@@ -94,7 +96,7 @@ def save_artifact(directory: str | Path, forests: dict[str, FlatForest], metadat
     """Write the arrays and the metadata (atomically); returns the metadata as written."""
     directory = Path(directory)
     arrays: dict[str, np.ndarray] = {}
-    for name in FOREST_NAMES:
+    for name in (*FOREST_NAMES, *(n for n in LATENCY_FORESTS if n in forests)):
         arrays.update(forests[name].arrays(name + "."))
     buf = io.BytesIO()
     np.savez_compressed(buf, **arrays)
@@ -180,9 +182,10 @@ def _read_forests(d: Path, meta: dict[str, Any], rebuild: str) -> dict[str, Flat
             arrays = {k: z[k] for k in z.files}
     except (OSError, ValueError) as exc:
         raise ProfileError(f"{d / ARRAYS_FILE}: unreadable surrogate arrays ({exc}); {rebuild}") from None
+    names = (*FOREST_NAMES, *(n for n in LATENCY_FORESTS if f"{n}.roots" in arrays))
     try:
         forests = {name: FlatForest.from_arrays(arrays, name + ".", classifier=name.endswith("starved"))
-                   for name in FOREST_NAMES}
+                   for name in names}
     except BadInputError as exc:
         raise ProfileError(f"{d}: {exc}; {rebuild}") from None
     if arrays_digest(forests) != meta.get("arrays_sha256"):
@@ -214,13 +217,18 @@ class SurrogatePredictor:
         d = artifact_dir(profile, directory, policy)
         self.metadata = artifact_metadata(profile, d, policy)
         names = (f"{KINDS[kind]}_throughput", f"{KINDS[kind]}_starved")
-        packed = load_packed(self.metadata["arrays_sha256"], names)  # only the two this predictor evaluates
+        ttft_name = f"{KINDS[kind]}_ttft"
+        if ttft_name in self.metadata.get("compiled", {}):
+            names += (ttft_name,)
+        packed = load_packed(self.metadata["arrays_sha256"], names)  # only the ones this predictor evaluates
         if packed is None:
             forests = _read_forests(d, self.metadata, _rebuild_hint(profile, policy)[1])
             packed = {name: forest.packed for name, forest in forests.items()}
             store_packed(self.metadata["arrays_sha256"], packed)
-        #: the two forests this predictor evaluates, in the evaluation layout (models.trees.PackedForest)
-        self.throughput_forest, self.starved_forest = (packed[name] for name in names)
+        #: the forests this predictor evaluates, in the evaluation layout (models.trees.PackedForest); the
+        #: latency one (log10 p99 TTFT, ms) is None for an artifact trained without the target
+        self.throughput_forest, self.starved_forest = packed[names[0]], packed[names[1]]
+        self.ttft_forest = packed.get(ttft_name)
         self._kv: dict[tuple[int, int], int | None] = {}
         self.terms = engine_terms(profile)  #: the profile numbers the features use
         self._x = np.empty(N_FEATURES)
@@ -256,7 +264,8 @@ class SurrogatePredictor:
         ratio = self.throughput_forest.predict_raw(X, threads)[:, 0]
         proba = self.starved_forest.predict_raw(X, threads)
         base = np.minimum(X[:, ARRIVING], X[:, SATURATION])
-        return Predictions(ratio * base, proba[:, 1] > proba[:, 0], X[:, ARRIVING].copy())
+        ttft = None if self.ttft_forest is None else 10.0 ** self.ttft_forest.predict_raw(X, threads)[:, 0]
+        return Predictions(ratio * base, proba[:, 1] > proba[:, 0], X[:, ARRIVING].copy(), ttft)
 
     def _rank(self, sc: GpuScenario) -> int:
         need = int(sc.ranks.max())
@@ -268,7 +277,7 @@ class SurrogatePredictor:
 
     def predict(self, scenarios: Sequence[GpuScenario]) -> Predictions:
         n = len(scenarios)
-        if n > 4:
+        if n > 4 or self.ttft_forest is not None:
             return self.predict_features(self.features(scenarios))
         # Few scenarios (the packer's case): one compiled call per scenario, no batch arrays.
         thr, starved, arriving = np.empty(n), np.empty(n, bool), np.empty(n)

@@ -60,26 +60,46 @@ def policy_from_cli(name: str | None, params: tuple[str, ...], recorded: dict | 
     return policy_from_name(name, **overrides) if name is not None else policy_from_record(recorded, **overrides)
 
 
-def confirm_options(fn):
-    """``--confirm/--no-confirm``, ``--min-served``, ``--max-ttft`` and ``--jobs`` of the twin confirmation
-    (planner.confirm)."""
-    fn = click.option("--jobs", type=click.IntRange(min=1), default=None,
-                      help="Processes simulating GPUs for --confirm [CPU cores].")(fn)
-    fn = click.option("--max-ttft", "max_ttft", type=click.FloatRange(min=0, min_open=True), default=None,
-                      metavar="SECONDS",
-                      help="greedy: also require each GPU's p99 time to first token in the twin to be at most this "
-                           "(the 90 % rule alone allows a standing queue); GPUs that miss it are packed again.")(fn)
+def slo_options(fn):
+    """``--objective``, ``--max-ttft``, ``--max-tpot``, ``--min-served`` and ``--slowdown``: the bar every GPU is
+    judged by in the twin (planner.verdict); :func:`slo_settings` reads them."""
+    fn = click.option("--slowdown", type=click.FloatRange(1.0, 10.0), default=None, metavar="FACTOR",
+                      help="Judge each GPU on a twin this many times slower than the profile [the profile's safety "
+                           "margin, sized from real runs: `planner profiles`]; 1 judges on the profile as it is.")(fn)
     fn = click.option("--min-served", "min_served", type=click.FloatRange(STARVATION_THRESHOLD, 1.0, max_open=True),
                       default=None, metavar="FRACTION",
-                      help="greedy: the share of its arriving tokens each GPU must serve in the twin confirmation "
-                           "[0.95; also turns the confirmation on for --predictor twin]. Down to 0.9 (the starvation "
-                           "rule; the paper's greedy packs that densely) plans fewer GPUs with a standing queue; "
-                           "a GPU under 0.95 must meet it with four more arrival seeds.")(fn)
+                      help="Share of its arriving tokens each GPU must serve in the twin [0.95]. Down to 0.9 (the "
+                           "starvation rule; the paper's greedy packs that densely); a GPU under 0.95 must meet it "
+                           "with four more arrival seeds.")(fn)
+    fn = click.option("--max-tpot", "max_tpot", type=click.FloatRange(min=0, min_open=True), default=None,
+                      metavar="MS", help="The SLO's p99 time per output token in the twin [200 ms with --objective "
+                                         "slo]; a workload's max_tpot_ms column tightens it per adapter.")(fn)
+    fn = click.option("--max-ttft", "max_ttft", type=click.FloatRange(min=0, min_open=True), default=None,
+                      metavar="SECONDS",
+                      help="The SLO's p99 time to first token in the twin, over every arrival [2 s with --objective "
+                           "slo]; a workload's max_ttft_s column tightens it per adapter.")(fn)
+    return click.option("--objective", type=click.Choice(["slo", "throughput"]), default="slo", show_default=True,
+                        help="slo: every GPU meets a latency SLO (p99 TTFT <= 2 s, p99 TPOT <= 200 ms, as MLPerf's "
+                             "interactive LLM server bound) and serves its traffic; throughput: the paper's rule "
+                             "alone (serve >= 0.9 of the tokens, here 0.95 for the arrival seed), queues allowed.")(fn)
+
+
+def confirm_options(fn):
+    """:func:`slo_options` plus ``--confirm/--no-confirm`` and ``--jobs`` (planner.confirm)."""
+    fn = click.option("--jobs", type=click.IntRange(min=1), default=None,
+                      help="Processes simulating GPUs in the twin [CPU cores].")(fn)
+    fn = slo_options(fn)
     return click.option("--confirm/--no-confirm", default=True, show_default=True,
-                        help="greedy with a surrogate: simulate every planned GPU in the twin (the run `planner "
-                             "evaluate` makes) and pack again, with a load margin, where one falls short.")(fn)
+                        help="Judge every planned GPU in the twin (the run `planner evaluate` makes) and, for greedy, "
+                             "pack again where one falls short; --no-confirm trusts the predictor alone.")(fn)
 
 
-def confirm_settings(confirm: bool, min_served: float | None, max_ttft: float | None, jobs: int | None) -> dict:
-    """The :class:`planner.plan.PlanOptions` fields of :func:`confirm_options`."""
-    return {"confirm": confirm, "min_served": min_served, "max_ttft_s": max_ttft, "jobs": jobs or os.cpu_count() or 1}
+def slo_settings(objective: str, max_ttft: float | None, max_tpot: float | None, min_served: float | None,
+                 slowdown: float | None) -> dict:
+    """The :class:`planner.plan.PlanOptions` fields of :func:`slo_options`."""
+    return {"objective": objective, "max_ttft_s": max_ttft, "max_tpot_ms": max_tpot, "min_served": min_served,
+            "slowdown": slowdown}
+
+
+def jobs_or_cores(jobs: int | None) -> int:
+    return jobs or os.cpu_count() or 1

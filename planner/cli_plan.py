@@ -9,10 +9,12 @@ import click
 
 from planner.cli_common import (
     confirm_options,
-    confirm_settings,
+    jobs_or_cores,
     policy_from_cli,
     policy_options,
     print_json,
+    slo_options,
+    slo_settings,
     user_errors,
 )
 
@@ -22,18 +24,22 @@ Examples:
   planner plan workload.csv --gpus 4 --out plan.json --format vllm --model /models/llama-3.1-8b
   planner plan workload.csv --algorithm paper-greedy --json
   planner plan workload.csv --headroom 0.2 --plot plan.png     # plan for 20 % more traffic
-  planner plan workload.csv --max-ttft 2                        # and p99 TTFT <= 2 s in the twin
+  planner plan workload.csv --max-ttft 0.5 --max-tpot 50        # a tighter SLO than the default
+  planner plan workload.csv --objective throughput              # the paper's rule alone (queues allowed)
   planner plan workload.csv --policy chameleon --out plan.json  # servers running Chameleon (twin)
 
 \b
-Exit codes: 0 a plan where every GPU keeps up and starts · 2 bad input · 3 infeasible (not enough
-GPUs, an adapter no GPU can serve, or a baseline's plan that starves / fails to start; the plan is
-still written with --out so it can be inspected).
+Every GPU is judged in the digital twin: it must serve its traffic and meet the SLO (by default p99
+TTFT <= 2 s and p99 TPOT <= 200 ms; a workload's max_ttft_s / max_tpot_ms columns tighten it per
+adapter) on a twin GPU slowed by the profile's safety margin. The twin's figures are the plan's.
+Exit codes: 0 every GPU passes and starts · 2 bad input · 3 infeasible (not enough GPUs, an adapter
+no GPU can serve within the SLO, or a baseline's plan with a GPU that fails; nothing is written).
 """
 
 EVALUATE_EPILOG = """\b
 Examples:
-  planner evaluate plan.json datasets/workloads/mixed-ranks-128-adapters.csv --duration 1800 --json
+  planner evaluate plan.json datasets/workloads/mixed-ranks-128-adapters.csv --seed 1
+  planner evaluate plan.json next-week.csv --json          # does the plan hold for other traffic?
   planner evaluate plan.json workload.csv --policy vllm    # a Chameleon plan on stock vLLM servers
 """
 
@@ -46,9 +52,19 @@ def load_predictor_for(profile, kind: str, policy=None):
     return default_predictor(profile, policy) if kind == "auto" else load_predictor(profile, kind, policy)
 
 
-def _progress(k: int, n: int, name: str) -> None:
-    if sys.stderr.isatty():
-        click.echo(f"\r  simulating {name} ({k + 1}/{n})", err=True, nl=False)
+def _stderr(msg: str) -> None:
+    click.echo(msg, err=True)
+
+
+def _tty_counter(what: str):
+    """A (done, of) progress callback that redraws one line on a terminal (nothing otherwise)."""
+    if not sys.stderr.isatty():
+        return None
+
+    def report(done: int, of: int) -> None:
+        click.echo(f"\r  {what}: {done}/{of} GPUs simulated", err=True, nl=done == of)
+
+    return report
 
 
 @click.command(epilog=PLAN_EPILOG)
@@ -60,8 +76,8 @@ def _progress(k: int, n: int, name: str) -> None:
 @click.option("--algorithm", default="greedy", show_default=True,
               type=click.Choice(["greedy", "paper-greedy", "maxbase", "maxbase-half", "random", "dlora", "latency"]))
 @click.option("--predictor", "predictor_kind", default="auto", show_default=True,
-              help="What answers 'throughput? starves?': auto (the trained surrogate of the profile and --policy, "
-                   "else the twin), surrogate, small-tree, or twin (slow, exact).")
+              help="What packs: auto (the trained surrogate of the profile and --policy, else the twin), "
+                   "surrogate, small-tree, or twin (slow, exact). The twin judges the result either way.")
 @policy_options()
 @click.option("--headroom", type=click.FloatRange(min=0), default=0.0, show_default=True,
               help="Plan for rates this fraction above the workload's (0.2 = 20 % more traffic).")
@@ -75,7 +91,8 @@ def _progress(k: int, n: int, name: str) -> None:
               help="greedy: spread spare capacity evenly over the GPUs it uses.")
 @confirm_options
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random baseline.")
-@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the placement JSON here.")
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="Write the placement JSON here (only when every GPU passes).")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "vllm"]), default="table", show_default=True,
               help="What to print: a table, the placement JSON, or one vLLM server command per GPU.")
 @click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
@@ -85,37 +102,42 @@ def _progress(k: int, n: int, name: str) -> None:
 @click.option("--port-base", type=click.IntRange(1, 65535), default=8000, show_default=True,
               help="--format vllm: port of the first server; one more per GPU.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
-              help="Write a PNG of per-GPU load vs predicted throughput and A_max (needs matplotlib).")
+              help="Write a PNG of each GPU's load, served share and p99 TTFT against the SLO (needs matplotlib).")
 @user_errors
 def plan(workload, profile_id, gpus, algorithm, predictor_kind, policy, policy_params, headroom, input_tokens,
-         output_tokens, split_hot, balance, confirm, min_served, max_ttft, jobs, seed, out, fmt, as_json, model,
-         adapter_dir, port_base, plot) -> None:
+         output_tokens, split_hot, balance, confirm, objective, max_ttft, max_tpot, min_served, slowdown, jobs, seed,
+         out, fmt, as_json, model, adapter_dir, port_base, plot) -> None:
     """Plan the fewest GPUs that serve WORKLOAD, which adapter goes where, and each GPU's --max-loras.
 
-    WORKLOAD is a CSV with one row per adapter (adapter_id,rank,rate_rps[,input_tokens,output_tokens,path]).
-    Every GPU of a greedy plan is predicted to keep up (throughput >= 0.9 x arriving tokens) and to
-    start in memory with its --max-loras and --max-lora-rank; with a surrogate it is also confirmed in
-    the twin (--confirm), so `planner evaluate` with its defaults finds no GPU starving. With --policy other than vllm, the GPUs
-    run that serving policy (predicted by its surrogate, else the twin; every --max-loras starts since
-    KV and adapters share one pool) and the placement records it for `planner evaluate`.
+    WORKLOAD is a CSV with one row per adapter
+    (adapter_id,rank,rate_rps[,input_tokens,output_tokens,path,max_ttft_s,max_tpot_ms]).
+    Every GPU of the plan starts in memory with its --max-loras and --max-lora-rank, and is judged
+    in the digital twin: it serves its traffic and meets the latency SLO (--objective, --max-ttft,
+    --max-tpot), so `planner evaluate` finds the same. greedy packs with the profile's surrogate and
+    packs again where the twin finds a GPU short. With --policy other than vllm, the GPUs run that
+    serving policy (predicted by its surrogate, else the twin; every --max-loras starts since KV and
+    adapters share one pool) and the placement records it.
     """
     from planner.plan import PlanOptions, make_plan
     from planner.render import render_table, render_vllm
     from planner.workload_csv import read_workload
     from twin import DEFAULT_PROFILE_ID, InfeasibleError, load_profile
-    from twin.atomic import write_json_atomic
+    from twin.atomic import check_writable, write_json_atomic
 
+    if out:
+        check_writable(out, "--out")
     profile = load_profile(profile_id or DEFAULT_PROFILE_ID)
     wl = read_workload(workload, profile)
     predictor = load_predictor_for(profile, predictor_kind, policy_from_cli(policy, policy_params))
     opts = PlanOptions(algorithm=algorithm, gpus=gpus, headroom=headroom, seed=seed, input_tokens=input_tokens,
-                       output_tokens=output_tokens, split_hot=split_hot, balance=balance,
-                       **confirm_settings(confirm, min_served, max_ttft, jobs))
+                       output_tokens=output_tokens, split_hot=split_hot, balance=balance, confirm=confirm,
+                       jobs=jobs_or_cores(jobs), **slo_settings(objective, max_ttft, max_tpot, min_served, slowdown))
     t0 = time.perf_counter()
-    placement = make_plan(workload, wl, profile, predictor, opts, progress=lambda msg: click.echo(msg, err=True))
+    placement = make_plan(workload, wl, profile, predictor, opts, progress=_stderr)
     placement.inputs["plan_wall_s"] = round(time.perf_counter() - t0, 6)
     doc = placement.to_dict()
-    if out:
+    s = placement.summary()
+    if out and s["all_ok"]:
         write_json_atomic(out, doc)
     if plot:
         from planner.plot import plot_placement
@@ -128,12 +150,11 @@ def plan(workload, profile_id, gpus, algorithm, predictor_kind, policy, policy_p
         click.echo(render_vllm(placement, model or profile.model.get("name", "MODEL"), port_base, adapter_dir))
     else:
         click.echo(render_table(placement))
-        if out:
+        if out and s["all_ok"]:
             click.echo(f"placement written to {out}")
-    s = placement.summary()
     if not s["all_ok"]:
-        raise InfeasibleError(f"the {algorithm} plan has {s['predicted_starving']} GPU(s) predicted to starve and "
-                              f"{s['memory_errors']} that would not start")
+        raise InfeasibleError(f"the {algorithm} plan has {s['failing']} GPU(s) that fail "
+                              f"({s['memory_errors']} would not start); no placement written")
 
 
 @click.command(epilog=EVALUATE_EPILOG)
@@ -142,54 +163,72 @@ def plan(workload, profile_id, gpus, algorithm, predictor_kind, policy, policy_p
 @click.option("--profile", "profile_id", default=None, help="Profile id or path [the one the plan was made for].")
 @click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=3600.0, show_default=True,
               help="Simulated seconds of arrivals per GPU.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Arrival seed; the plan was judged with 0, another is an independent check.")
 @click.option("--arrivals", type=click.Choice(["poisson", "unpredictable"]), default="poisson", show_default=True)
 @policy_options(default=None, default_help="; default: the one the plan was made for")
+@slo_options
+@click.option("--jobs", type=click.IntRange(min=1), default=None, help="Processes simulating GPUs [CPU cores].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @user_errors
-def evaluate(placement_file, workload, profile_id, duration, seed, arrivals, policy, policy_params, as_json) -> None:
-    """Run every GPU of PLACEMENT.json in the digital twin with WORKLOAD's traffic.
+def evaluate(placement_file, workload, profile_id, duration, seed, arrivals, policy, policy_params, objective,
+             max_ttft, max_tpot, min_served, slowdown, jobs, as_json) -> None:
+    """Judge every GPU of PLACEMENT.json in the digital twin with WORKLOAD's traffic, by the plan's rule.
 
-    Reports per GPU the simulated throughput against the arriving token rate, whether it starves,
-    and whether its --max-loras / --max-lora-rank start in memory. Exit code 3 when any GPU
-    starves, fails to start, or a workload adapter is not placed. The GPUs run the serving policy
-    the plan records (stock vLLM if none) unless --policy says otherwise; --policy-param alone
-    overrides parameters of the recorded one.
+    Per GPU: the share of its arriving tokens it serves, p99 TTFT and p99 TPOT against the SLO the
+    plan was made with (--objective, --max-ttft, --max-tpot, --min-served and --slowdown override
+    it; the workload's per-adapter SLO columns tighten it), and whether its --max-loras /
+    --max-lora-rank start in memory. Exit 3 when a GPU misses, fails to start, or a workload adapter
+    is not placed. The GPUs run the serving policy the plan records (stock vLLM if none) unless
+    --policy says otherwise; --policy-param alone overrides parameters of the recorded one.
     """
-    from planner.evaluate import evaluate_placement
+    from planner.evaluate import evaluate_placement, plan_bar
     from planner.placement import read_placement
+    from planner.verdict import TwinRun
     from planner.workload_csv import read_workload
-    from twin import InfeasibleError, PoissonArrivals, SimConfig, UnpredictableArrivals, load_profile
+    from twin import InfeasibleError, UnpredictableArrivals, load_profile
     from twin.policies.spec import policy_label
 
     placement = read_placement(placement_file)
     profile = load_profile(profile_id or placement.inputs.get("profile_id"))
     wl = read_workload(workload, profile)
-    cfg = SimConfig(a_max=1, duration_s=duration, seed=seed,
-                    arrivals=UnpredictableArrivals() if arrivals == "unpredictable" else PoissonArrivals(),
-                    policy=policy_from_cli(policy, policy_params, placement.inputs.get("policy")))
-    ev = evaluate_placement(placement, wl, profile, cfg, progress=_progress)
-    if sys.stderr.isatty():
-        click.echo("", err=True)
+    objective_given = click.get_current_context().get_parameter_source("objective").name != "DEFAULT"
+    bar = plan_bar(placement, profile, objective=objective if objective_given else None, min_served=min_served,
+                   max_ttft_s=max_ttft, max_tpot_ms=max_tpot, slowdown=slowdown)
+    run = TwinRun(duration, seed, UnpredictableArrivals() if arrivals == "unpredictable" else None, jobs_or_cores(jobs))
+    spec = policy_from_cli(policy, policy_params, placement.inputs.get("policy"))
+    ev = evaluate_placement(placement, wl, profile, bar, run, spec, progress=None if as_json else _tty_counter("twin"))
     if as_json:
         print_json(ev.to_dict())
     else:
-        if cfg.policy is not None:
+        if spec is not None:
             click.echo(f"serving policy {policy_label(ev.policy)}")
+        click.echo(f"each GPU must: {bar.describe()} (twin: {duration:g} s, seed {seed})")
         for i in ev.instances:
             if not i.memory_ok:
                 state = click.style("MEMORY ERROR", fg="red")
                 click.echo(f"{i.instance_id}: {i.adapters} adapters, --max-loras {i.a_max}: {state}")
                 continue
-            r = i.result
-            state = click.style("STARVES", fg="red") if i.starved else click.style("keeps up", fg="green")
-            click.echo(f"{i.instance_id}: {i.adapters} adapters, --max-loras {i.a_max}: {r.total_throughput_tok_s:,.0f} "
-                       f"of {r.arriving_tok_s:,.0f} tok/s ({state}); ITL {r.itl_ms_mean:.1f} ms, "
-                       f"TTFT p99 {r.ttft_ms_p99:,.0f} ms")
+            f = i.figures
+            state = click.style("ok", fg="green") if i.ok else click.style("MISSES: " + "; ".join(i.misses), fg="red")
+            click.echo(f"{i.instance_id}: {i.adapters} adapters, --max-loras {i.a_max}: serves {f['served']:.1%} of "
+                       f"{i.arriving_tok_s:,.0f} tok/s, p99 TTFT {_seconds(f['ttft_ms_p99'])}, p99 TPOT "
+                       f"{_millis(f['tpot_ms_p99'])}: {state}")
         if ev.unplaced:
             click.echo(f"not placed: {', '.join(ev.unplaced[:10])}" + (" ..." if len(ev.unplaced) > 10 else ""))
+        n_bad = sum(not i.ok for i in ev.instances)
+        click.echo(f"{len(ev.instances) - n_bad} of {len(ev.instances)} GPU(s) pass" +
+                   (f"; {len(ev.unplaced)} adapter(s) not placed" if ev.unplaced else ""))
     if not ev.ok:
         raise InfeasibleError("the placement does not hold in the twin (see above)")
+
+
+def _seconds(ms: float | None) -> str:
+    return "-" if ms is None else f"{ms / 1000:,.2f} s"
+
+
+def _millis(ms: float | None) -> str:
+    return "-" if ms is None else f"{ms:,.0f} ms"
 
 
 REPLAN_EPILOG = """\b
@@ -215,39 +254,43 @@ Example (nightly, from cron; keeps plan.json untouched when anything fails):
 @confirm_options
 @click.option("--json", "as_json", is_flag=True, help="Print the new placement JSON.")
 @user_errors
-def replan(workload, previous_file, out, profile_id, gpus, predictor_kind, headroom, split_hot, confirm, min_served,
-           max_ttft, jobs, as_json) -> None:
+def replan(workload, previous_file, out, profile_id, gpus, predictor_kind, headroom, split_hot, confirm, objective,
+           max_ttft, max_tpot, min_served, slowdown, jobs, as_json) -> None:
     """Re-plan for WORKLOAD starting from the deployed placement, moving as little as possible.
 
-    Adapters stay where they are while their GPU keeps up; engines restart only when --max-loras,
+    Adapters stay where they are while their GPU passes; engines restart only when --max-loras,
     --max-lora-rank or --max-cpu-loras must change. The new placement's 'changes' section lists,
     per GPU, the adapters to load and unload and whether to restart. Refuses to run while another
     re-plan writes the same --out; on any failure the files are left as they were. The GPUs keep the
-    serving policy the previous plan records. As with `planner plan`, a surrogate's re-plan is
-    confirmed in the twin (--confirm) and rerun with a load margin while a GPU falls short; without
-    --min-served or --max-ttft it keeps the previous plan's (so a GPU planned at 0.9 is not dropped
-    for missing the default 0.95).
+    serving policy the previous plan records. Every GPU is judged in the twin as `planner plan` judges
+    it, by the previous plan's SLO unless --objective, --max-ttft, --max-tpot or --min-served say
+    otherwise; while a GPU falls short the re-plan reruns with a load margin.
     """
+    from planner.evaluate import plan_bar
     from planner.placement import read_placement
-    from planner.plan import PlanOptions, confirms, pack_request
+    from planner.plan import PlanOptions, pack_request
     from planner.replan import exclusive
     from planner.replan import replan as run_replan
     from planner.workload_csv import read_workload
     from twin import load_profile
-    from twin.atomic import write_json_atomic
+    from twin.atomic import check_writable, write_json_atomic
     from twin.policies.spec import policy_from_record
 
+    check_writable(out, "--out")
     with exclusive(out):
         previous = read_placement(previous_file)
         profile = load_profile(profile_id or previous.inputs.get("profile_id"))
         wl = read_workload(workload, profile)
         policy = policy_from_record(previous.inputs.get("policy"))
-        if confirm:
-            min_served, max_ttft = previous_bar(previous.inputs.get("confirmation"), min_served, max_ttft)
-        opts = PlanOptions(gpus=gpus, headroom=headroom, **confirm_settings(confirm, min_served, max_ttft, jobs))
+        objective_given = click.get_current_context().get_parameter_source("objective").name != "DEFAULT"
+        bar = plan_bar(previous, profile, objective if objective_given else None, min_served, max_ttft, max_tpot,
+                       slowdown)
+        opts = PlanOptions(gpus=gpus, headroom=headroom, confirm=confirm, jobs=jobs_or_cores(jobs),
+                           objective=bar.objective, max_ttft_s=bar.max_ttft_s, max_tpot_ms=bar.max_tpot_ms,
+                           min_served=bar.min_served, slowdown=bar.slowdown)
         req = pack_request(wl, profile, load_predictor_for(profile, predictor_kind, policy), opts)
-        placement = run_replan(previous, workload, req, split_hot=split_hot, confirm=confirms(req, opts),
-                               jobs=opts.jobs, bar=opts.bar, progress=lambda msg: click.echo(msg, err=True))
+        placement = run_replan(previous, workload, req, split_hot=split_hot, confirm=confirm, run=opts.run, bar=bar,
+                               progress=_stderr)
         doc = placement.to_dict()
         write_json_atomic(out, doc)
     if as_json:
@@ -260,18 +303,6 @@ def replan(workload, previous_file, out, profile_id, gpus, predictor_kind, headr
                f"{len(ch['dropped_adapters'])} dropped; restart {', '.join(ch['restarts']) or 'none'}; "
                f"new {', '.join(ch['new_instances']) or 'none'}; stop {', '.join(ch['removed_instances']) or 'none'}")
     click.echo(f"written to {out}")
-
-
-def previous_bar(confirmation: dict | None, min_served: float | None,
-                 max_ttft: float | None) -> tuple[float | None, float | None]:
-    """``--min-served`` / ``--max-ttft`` of a re-plan: as given, else what the previous plan was confirmed
-    with where that differs from the default."""
-    from planner.confirm import CONFIRM_RATIO
-
-    conf = confirmation or {}
-    if min_served is None and conf.get("min_ratio", CONFIRM_RATIO) < CONFIRM_RATIO:
-        min_served = conf["min_ratio"]
-    return min_served, conf.get("max_ttft_s") if max_ttft is None else max_ttft
 
 
 VERIFY_EPILOG = """\b

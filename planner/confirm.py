@@ -1,31 +1,19 @@
-"""Confirm a surrogate-made plan in the digital twin, and tighten it where the surrogate was optimistic.
+"""Confirm a plan in the digital twin, and tighten it where its predictor was optimistic.
 
-A packer fills each GPU up to the edge the predictor draws, and a surrogate's throughput is a few
-per cent off the twin's right at that edge (issue 4: 2.2 % SMAPE on held-out scenarios), so some GPUs
-of a surrogate plan starve when simulated. After packing, every GPU is run in the twin — the very run
-`planner evaluate` makes by default (3600 simulated s, seed 0, Poisson arrivals). The GPUs it confirms
-are kept. A GPU that falls short is run in the twin at each other ``--max-loras`` its memory starts
-with, and kept with the one that serves it best if that one meets the bar (:func:`retune`): a
-predictor's error is not even over A_max. The small trees, for one, give large groups at A_max 8 one
-leaf's served fraction whatever their load (96.6 % where the twin finds 91 % on 10,000 adapters) and
-under-rate A_max 16 and 32 for them, so no load margin moves them off 8. The adapters of the GPUs
-still short are packed again, each new GPU planned to keep up with (1 + margin) x its load
-(:attr:`PackRequest.margin`), the margin grown from the worst such GPU's shortfall; only the GPUs
-packed anew are simulated again. Every packing of a confirmed plan asks the surrogate for the
-confirmation's bar (:attr:`PackRequest.min_ratio` = the bar's share of the load served, not only
-"not starved"), so an accurate surrogate needs no second round. On the paper's 117 workloads this
-packs the same GPUs as asking only "not starved" and repacking after the twin, with 82 packings
-instead of 101 (before retuning existed).
+A packer fills each GPU up to the edge its predictor draws, and a surrogate is a few per cent off the
+twin right at that edge, so some GPUs of a surrogate's plan fall short when simulated. Every GPU is
+therefore judged by the twin (:mod:`planner.verdict`, the very run `planner evaluate` makes), and the
+twin's figures are the plan's. The GPUs that pass are kept. A GPU that falls short is run at each other
+``--max-loras`` its memory starts with, and kept with the one that serves it best if that one passes
+(:func:`retune`): a predictor's error is not even over A_max. The adapters of the GPUs still short are
+packed again, each new GPU planned to keep up with (1 + margin) x its load (:attr:`PackRequest.margin`),
+the margin grown from the worst shortfall; only the GPUs packed anew are simulated again. Every packing
+asks its predictor for the confirmation's bar (:attr:`PackRequest.bar`), so an accurate predictor
+needs one round.
 
-What a GPU must show is a :class:`ServiceBar`: by default it serves :data:`CONFIRM_RATIO` of its
-arriving tokens (``planner plan --min-served``). One seed decides at or above that ratio; a lower bar
-(down to the starvation rule's 0.9, the density the paper's greedy packs to) is met only if it holds
-with :data:`EXTRA_SEEDS` as well, because close to the rule a GPU's ratio varies between arrival seeds
-and some GPUs collapse (one at 0.946 with seed 0 served 0.84 with seed 1: high/low/128 at a 0.92 bar).
-The 90 % rule tolerates a standing queue: a GPU serving 95 % of its arrivals over an hour may hold
-minutes of backlog. With a p99 TTFT limit (``planner plan --max-ttft``), a GPU is confirmed only if it
-also meets that limit in the twin, and the same retuning and repacking apply (the surrogates predict
-no latency). ``replan`` repacks only: a previous GPU that falls short gives up its adapters.
+After :data:`SURROGATE_ROUNDS` such rounds the adapters still short are packed by the twin itself
+(the judging run as the predictor, exact and slow), so the loop ends on any workload: a predictor that
+is wrong in a corner of the space it never saw costs time there, never a plan.
 """
 
 from __future__ import annotations
@@ -37,137 +25,59 @@ from typing import Any
 
 import numpy as np
 
-from models.predictor import TwinPredictor
 from planner.greedy import Entry, plan_greedy
 from planner.packing import GpuGroup, PackRequest, a_max_candidates, group_scenario
 from planner.prefix_search import shares_of
-from twin.errors import BadInputError, InfeasibleError
-from twin.simulate import STARVATION_THRESHOLD
+from planner.verdict import CONFIRM_RATIO, DEFAULT_BAR, DEFAULT_RUN, ServiceBar, TwinCheck, TwinRun, twin_check
+from twin.errors import InfeasibleError
 
-#: The twin run of each GPU: that of `planner evaluate`'s defaults, so a confirmed plan evaluates as ok.
-CONFIRM_DURATION_S = 3600.0
-CONFIRM_SEED = 0
-#: By default a GPU is confirmed when its simulated throughput is at least this fraction of its arriving
-#: tokens: the starvation threshold plus 0.05 for the noise between one seed and another. Near the limit a
-#: GPU holds a standing queue whose size varies a lot with the arrivals: GPUs at 0.914 and 0.946 with seed
-#: 0 fell below 0.9 with seed 1 (placement_comparison: mixed/high/384 and high/low/128). A lower bar
-#: needs :data:`EXTRA_SEEDS` below this ratio. Rounded: 0.9 + 0.05 is 0.9500000000000001 in floating point.
-CONFIRM_RATIO = round(STARVATION_THRESHOLD + 0.05, 9)
-#: Below :data:`CONFIRM_RATIO` (a lower ``--min-served``), a GPU must also meet the bar with these seeds.
-#: They differ from ``planner evaluate --seed`` 1, which benchmarks use as an independent check.
-EXTRA_SEEDS = (101, 102, 103, 104)
-#: With a p99 TTFT limit, a GPU must also finish this fraction of its arrivals within the window
-#: (requests still queued at its end have no TTFT, so they would otherwise escape the percentile).
-MIN_FINISHED = 0.99
 #: Each new round raises the load factor (1 + margin) by at least this fraction; by this one when
 #: the only shortfall is latency (a GPU that keeps up gives no throughput ratio to size the step).
 MIN_STEP = 0.04
 LATENCY_STEP = 0.05
+#: Packings by the plan's own predictor; then the twin packs what is still short.
+SURROGATE_ROUNDS = 3
+#: Packings in all (the twin's own packing holds by construction but for the extra seeds of a low bar).
 MAX_ROUNDS = 8
 
 Progress = Callable[[str], None]
 
 
-@dataclass(frozen=True)
-class ServiceBar:
-    """What the twin must show for a GPU to be confirmed."""
-
-    min_served: float = CONFIRM_RATIO  # fraction of its arriving tokens served in the window
-    max_ttft_s: float | None = None  # p99 time to first token, with MIN_FINISHED of the arrivals finished
-
-    def __post_init__(self) -> None:
-        if not STARVATION_THRESHOLD <= self.min_served < 1.0:
-            raise BadInputError(f"the share of its arriving tokens a GPU must serve (--min-served) must be in "
-                                f"[{STARVATION_THRESHOLD:g}, 1): below {STARVATION_THRESHOLD:g} it starves; got "
-                                f"{self.min_served:g}")
-
-    @property
-    def seeds(self) -> tuple[int, ...]:
-        """The arrival seeds a GPU is checked with (the extra ones only where the first leaves it below
-        :data:`CONFIRM_RATIO`)."""
-        return (CONFIRM_SEED,) if self.min_served >= CONFIRM_RATIO else (CONFIRM_SEED, *EXTRA_SEEDS)
+def scenarios_of(req: PackRequest, groups: list[GpuGroup]):
+    return [group_scenario(req, g.shares, g.a_max, max_lora_rank=g.max_lora_rank) for g in groups]
 
 
-DEFAULT_BAR = ServiceBar()
+def check_groups(req: PackRequest, groups: list[GpuGroup], run: TwinRun, bar: ServiceBar,
+                 progress: Callable[[int, int], None] | None = None) -> TwinCheck:
+    """The twin's verdict on ``groups`` (each at its planned A_max and max_lora_rank)."""
+    return twin_check(req.profile, req.policy, scenarios_of(req, groups), bar, run, progress)
 
 
-@dataclass(frozen=True)
-class TwinCheck:
-    """The twin's verdict on a list of GPU groups, one entry per group (the worst over the seeds run)."""
-
-    ratio: np.ndarray  # throughput / arriving tokens
-    ttft_ms_p99: np.ndarray  # of finished requests
-    finished: np.ndarray  # fraction of arrivals finished in the window
-
-    def keeps_up(self, bar: ServiceBar) -> np.ndarray:
-        return self.ratio >= bar.min_served
-
-    def meets(self, bar: ServiceBar) -> np.ndarray:
-        ok = self.keeps_up(bar)
-        if bar.max_ttft_s is not None:
-            ok &= (self.ttft_ms_p99 <= bar.max_ttft_s * 1000.0) & (self.finished >= MIN_FINISHED)
-        return ok
-
-    def select(self, mask: np.ndarray) -> TwinCheck:
-        """The verdicts of the groups where ``mask`` is true."""
-        return TwinCheck(self.ratio[mask], self.ttft_ms_p99[mask], self.finished[mask])
-
-    def worst(self, other: TwinCheck, mask: np.ndarray) -> TwinCheck:
-        """This check with the groups where ``mask`` is true replaced by the worse of it and ``other``
-        (one entry per such group)."""
-        ratio, ttft, finished = self.ratio.copy(), self.ttft_ms_p99.copy(), self.finished.copy()
-        ratio[mask] = np.minimum(ratio[mask], other.ratio)
-        ttft[mask] = np.maximum(ttft[mask], other.ttft_ms_p99)
-        finished[mask] = np.minimum(finished[mask], other.finished)
-        return TwinCheck(ratio, ttft, finished)
-
-
-def twin_check(req: PackRequest, groups: list[GpuGroup], jobs: int = 1, bar: ServiceBar = DEFAULT_BAR) -> TwinCheck:
-    """Simulate each group at its planned A_max and max_lora_rank with the bar's first seed, and those
-    that meet the bar below :data:`CONFIRM_RATIO` with its other seeds too."""
-    scenarios = [group_scenario(req, g.shares, g.a_max, max_lora_rank=g.max_lora_rank) for g in groups]
-    first, *more = bar.seeds
-    check = _simulate(req, scenarios, first, jobs)
-    for seed in more:
-        again = check.meets(bar) & (check.ratio < CONFIRM_RATIO)
-        if not again.any():
-            break
-        check = check.worst(_simulate(req, [sc for sc, a in zip(scenarios, again) if a], seed, jobs), again)
-    return check
-
-
-def _simulate(req: PackRequest, scenarios: list, seed: int, jobs: int) -> TwinCheck:
-    twin = TwinPredictor(req.profile, CONFIRM_DURATION_S, seed, policy=req.policy, jobs=jobs)
-    pred = twin.predict(scenarios)
-    return TwinCheck(pred.throughput_tok_s / np.maximum(pred.arriving_tok_s, 1e-12), pred.ttft_ms_p99,
-                     pred.finished_fraction)
-
-
-def retune(req: PackRequest, groups: list[GpuGroup], jobs: int = 1,
-           bar: ServiceBar = DEFAULT_BAR) -> list[tuple[GpuGroup, float, float] | None]:
-    """Per group: the same adapters at the other A_max candidate (``a_max_candidates``) that meets the bar
-    in the twin with the highest throughput ratio (ties: the larger A_max), with that ratio and p99 TTFT;
-    None if no other candidate meets it."""
+def retune(req: PackRequest, groups: list[GpuGroup], run: TwinRun,
+           bar: ServiceBar) -> list[tuple[GpuGroup, dict] | None]:
+    """Per group: the same adapters at the other A_max candidate (``a_max_candidates``) that passes in the
+    twin with the highest served share (ties: the larger A_max), with its figures; None if none passes."""
     trials = [(j, GpuGroup(dict(g.shares), a, g.max_lora_rank)) for j, g in enumerate(groups)
               for a in a_max_candidates(req.kv, req.ranks[g.members], len(g)) if a != g.a_max]
-    out: list[tuple[GpuGroup, float, float] | None] = [None] * len(groups)
+    out: list[tuple[GpuGroup, dict] | None] = [None] * len(groups)
+    best = [-1.0] * len(groups)
     if not trials:
         return out
-    check = twin_check(req, [t for _, t in trials], jobs, bar)
-    for (j, trial), ok, ratio, ttft in zip(trials, check.meets(bar), check.ratio, check.ttft_ms_p99):
-        if ok and (out[j] is None or ratio >= out[j][1]):  # candidates ascend: a tie goes to the larger A_max
-            out[j] = (trial, float(ratio), float(ttft))
+    check = check_groups(req, [t for _, t in trials], run, bar)
+    for k, ((j, trial), ok) in enumerate(zip(trials, check.meets(bar))):
+        if ok and check.ratio[k] >= best[j]:  # candidates ascend: a tie goes to the larger A_max
+            out[j], best[j] = (trial, check.row(k, bar)), float(check.ratio[k])
     return out
 
 
 def repacking(req: PackRequest, margin: float, bar: ServiceBar) -> PackRequest:
-    """A packing round's request: keep up with (1 + ``margin``) x the load, serving the bar's share of it."""
-    return replace(req, margin=margin, min_ratio=bar.min_served)
+    """A packing round's request: keep up with (1 + ``margin``) x the load, meeting the bar."""
+    return replace(req, margin=margin, bar=bar)
 
 
 def next_margin(margin: float, check: TwinCheck, bar: ServiceBar) -> float:
     """The margin of the next round: enough to bring the worst starving GPU's load down to what it
-    sustained, and at least :data:`LATENCY_STEP` more when a GPU that keeps up misses the TTFT limit."""
+    sustained, and at least :data:`LATENCY_STEP` more when a GPU that keeps up misses its latency SLO."""
     factor = 1.0 + MIN_STEP
     up = check.keeps_up(bar)
     if not up.all():
@@ -179,80 +89,114 @@ def next_margin(margin: float, check: TwinCheck, bar: ServiceBar) -> float:
 
 @dataclass(frozen=True)
 class Confirmation:
+    bar: ServiceBar
+    run: TwinRun
     margin: float  # the largest load margin a GPU of the final plan was packed with
     rounds: int  # packings run (1: the first plan was confirmed as it was)
     repacked: int  # GPUs of earlier packings that fell short and had their adapters packed again
     retuned: int  # GPUs that fell short and were kept with another A_max the twin confirmed
-    ratios: list[float]  # per GPU of the final plan: twin throughput / arriving tokens
-    ttft_ms_p99: list[float]  # per GPU of the final plan
-    bar: ServiceBar
+    twin_packed: int  # GPUs packed by the twin itself after the predictor's rounds
+    rows: list[dict | None]  # per GPU of the final plan: its figures (TwinCheck.row); None: did not start
     wall_s: float
 
     def to_dict(self) -> dict[str, Any]:
+        def worst(key, fn):
+            values = [r[key] for r in self.rows if r is not None and r[key] is not None]
+            return fn(values) if values else None
+
         return {
-            "by": "twin", "duration_s": CONFIRM_DURATION_S, "seed": CONFIRM_SEED,
-            "seeds_below_default_ratio": list(self.bar.seeds[1:]), "min_ratio": round(self.bar.min_served, 4),
-            "max_ttft_s": self.bar.max_ttft_s, "margin": round(self.margin, 4), "rounds": self.rounds,
-            "repacked_gpus": self.repacked, "retuned_gpus": self.retuned,
-            "worst_ratio": round(min(self.ratios), 4) if self.ratios else None,
-            "worst_ttft_ms_p99": round(max(self.ttft_ms_p99), 1) if self.ttft_ms_p99 else None,
-            "wall_s": round(self.wall_s, 3),
+            "by": "twin", "duration_s": self.run.duration_s, "seed": self.run.seed,
+            "seeds_below_default_ratio": list(self.bar.seeds[1:]), **self.bar.to_dict(),
+            "margin": round(self.margin, 4), "rounds": self.rounds, "repacked_gpus": self.repacked,
+            "retuned_gpus": self.retuned, "twin_packed_gpus": self.twin_packed,
+            "failing_gpus": sum(r is None or not r["meets"] for r in self.rows),
+            "worst_served": worst("served", min), "worst_ttft_ms_p99": worst("ttft_ms_p99", max),
+            "worst_tpot_ms_p99": worst("tpot_ms_p99", max), "wall_s": round(self.wall_s, 3),
         }
 
 
-def pack_confirmed(req: PackRequest, split_hot: bool = True, balance: bool = True, jobs: int = 1,
+def judged(req: PackRequest, groups: list[GpuGroup], run: TwinRun, bar: ServiceBar,
+           progress: Progress | None = None) -> Confirmation:
+    """The twin's verdict on a finished plan, as it is (other algorithms than greedy: nothing repacked;
+    a GPU that would not start in memory is not run and gets no row)."""
+    t0 = time.perf_counter()
+    starts = [k for k, g in enumerate(groups) if req.kv.tokens_for(g.a_max, g.max_lora_rank or req.kv.rank_for(
+        int(req.ranks[g.members].max()))) is not None]
+    check = check_groups(req, [groups[k] for k in starts], run, bar, _counter(progress, "twin check"))
+    rows: list[dict | None] = [None] * len(groups)
+    for j, k in enumerate(starts):
+        rows[k] = check.row(j, bar)
+    return Confirmation(bar, run, req.margin, 1, 0, 0, 0, rows, time.perf_counter() - t0)
+
+
+def pack_confirmed(req: PackRequest, split_hot: bool = True, balance: bool = True, run: TwinRun = DEFAULT_RUN,
                    bar: ServiceBar = DEFAULT_BAR,
                    progress: Progress | None = None) -> tuple[list[GpuGroup], Confirmation]:
-    """Pack with :func:`plan_greedy`, keep the GPUs the twin confirms (meeting ``bar``), and pack the
-    adapters of the others again with a larger ``req.margin`` until every GPU is confirmed (``jobs``:
-    processes simulating).
+    """Pack with :func:`plan_greedy`, keep the GPUs the twin passes (``bar``), and pack the adapters of the
+    others again with a larger ``req.margin`` (after :data:`SURROGATE_ROUNDS`, with the twin as the
+    predictor) until every GPU passes.
 
     Raises :class:`InfeasibleError` when a repacking needs more GPUs than allowed, or when
     :data:`MAX_ROUNDS` packings still leave a GPU short.
     """
     t0 = time.perf_counter()
     margin = req.margin
+    twin_margin = 0.0  # the twin packer judges on the slower twin itself
     confirmed: list[GpuGroup] = []
-    ratios: list[float] = []
-    ttfts: list[float] = []
+    rows: list[dict] = []
     entries: list[Entry] | None = None  # None: every adapter
-    repacked = retuned = 0
+    repacked = retuned = twin_packed = 0
+    own_twin = req.predictor.kind == "twin"
     for rounds in range(1, MAX_ROUNDS + 1):
+        by_twin = own_twin or rounds > SURROGATE_ROUNDS
+        if by_twin:
+            round_req = repacking(twin_packer(req, run, bar), twin_margin, bar)
+            if progress and not own_twin and rounds == SURROGATE_ROUNDS + 1:
+                progress(f"the twin packs the {len(entries or [])} adapter entries still short (exact, slower)")
+        else:
+            round_req = repacking(req, margin, bar)
         try:
-            groups = plan_greedy(repacking(req, margin, bar), split_hot, balance, entries,
-                                 req.max_gpus - len(confirmed))
+            groups = plan_greedy(round_req, split_hot, balance, entries, req.max_gpus - len(confirmed))
         except InfeasibleError as exc:
-            raise exc if rounds == 1 else _repack_failed(exc, repacked, margin) from None
-        check = twin_check(req, groups, jobs, bar)
+            raise exc if rounds == 1 else _repack_failed(exc, repacked, round_req.margin) from None
+        twin_packed += len(groups) if by_twin and not own_twin else 0
+        check = check_groups(req, groups, run, bar, _counter(progress, f"twin check, round {rounds}"))
         good = check.meets(bar)
         confirmed += [g for g, ok in zip(groups, good) if ok]
-        ratios += check.ratio[good].tolist()
-        ttfts += check.ttft_ms_p99[good].tolist()
-        fixes = retune(req, [g for g, ok in zip(groups, good) if not ok], jobs, bar)
+        rows += [check.row(k, bar) for k in np.flatnonzero(good)]
+        bad = [g for g, ok in zip(groups, good) if not ok]
+        fixes = [None] * len(bad) if by_twin else retune(req, bad, run, bar)
         kept = [fix for fix in fixes if fix is not None]
-        confirmed += [g for g, _, _ in kept]
-        ratios += [ratio for _, ratio, _ in kept]
-        ttfts += [ttft for _, _, ttft in kept]
+        confirmed += [g for g, _ in kept]
+        rows += [row for _, row in kept]
         retuned += len(kept)
         still_short = ~good
         still_short[still_short] = [fix is None for fix in fixes]
         if not still_short.any():
-            return confirmed, Confirmation(margin, rounds, repacked, retuned, ratios, ttfts, bar,
+            return confirmed, Confirmation(bar, run, round_req.margin, rounds, repacked, retuned, twin_packed, rows,
                                            time.perf_counter() - t0)
         short = [g for g, bad in zip(groups, still_short) if bad]
         repacked += len(short)
-        margin = next_margin(margin, check.select(still_short), bar)
+        if by_twin:
+            twin_margin = next_margin(twin_margin, check.select(still_short), bar)
+        else:
+            margin = next_margin(margin, check.select(still_short), bar)
         entries = list(shares_of([e for g in short for e in g.shares.items()]).items())
-        _report(progress, check, still_short, len(kept), margin, bar)
-    raise _still_short(margin)
+        _report(progress, check, still_short, len(kept), twin_margin if by_twin else margin, bar)
+    raise _still_short(max(margin, twin_margin))
+
+
+def twin_packer(req: PackRequest, run: TwinRun, bar: ServiceBar) -> PackRequest:
+    """``req`` with the judging twin run as its predictor (its answers are the verdict's), no load margin."""
+    return replace(req, predictor=run.predictor(req.profile, req.policy, bar.slowdown), margin=0.0)
 
 
 #: A re-plan's group: the previous instance it keeps (None: a new GPU), and its adapters.
 Labelled = tuple[str | None, GpuGroup]
 
 
-def replan_confirmed(req: PackRequest, assign: Callable[[PackRequest, set[str]], list[Labelled]], jobs: int = 1,
-                     bar: ServiceBar = DEFAULT_BAR,
+def replan_confirmed(req: PackRequest, assign: Callable[[PackRequest, set[str]], list[Labelled]],
+                     run: TwinRun = DEFAULT_RUN, bar: ServiceBar = DEFAULT_BAR,
                      progress: Progress | None = None) -> tuple[list[Labelled], Confirmation]:
     """The nightly re-plan's variant. ``assign(req, dropped)`` re-plans keeping adapters in place on
     every previous instance except those in ``dropped``. While the twin finds GPUs short, the previous
@@ -266,16 +210,28 @@ def replan_confirmed(req: PackRequest, assign: Callable[[PackRequest, set[str]],
             labelled = assign(repacking(req, margin, bar), dropped)
         except InfeasibleError as exc:
             raise exc if rounds == 1 else _repack_failed(exc, repacked, margin) from None
-        check = twin_check(req, [g for _, g in labelled], jobs, bar)
+        check = check_groups(req, [g for _, g in labelled], run, bar, _counter(progress, f"twin check, round {rounds}"))
         good = check.meets(bar)
         if good.all():
-            return labelled, Confirmation(margin, rounds, repacked, 0, check.ratio.tolist(),
-                                          check.ttft_ms_p99.tolist(), bar, time.perf_counter() - t0)
+            return labelled, Confirmation(bar, run, margin, rounds, repacked, 0, 0,
+                                          [check.row(k, bar) for k in range(len(labelled))], time.perf_counter() - t0)
         repacked += int((~good).sum())
         dropped |= {prev for (prev, _), ok in zip(labelled, good) if prev is not None and not ok}
         margin = next_margin(margin, check, bar)
         _report(progress, check, ~good, 0, margin, bar)
     raise _still_short(margin)
+
+
+def _counter(progress: Progress | None, what: str) -> Callable[[int, int], None] | None:
+    """A (done, of) callback that reports every tenth of the way through ``progress``."""
+    if progress is None:
+        return None
+
+    def report(done: int, of: int) -> None:
+        if of >= 20 and (done == of or done % max(1, of // 10) == 0):
+            progress(f"{what}: {done}/{of} GPUs simulated")
+
+    return report
 
 
 def _report(progress: Progress | None, check: TwinCheck, short: np.ndarray, kept: int, margin: float,
@@ -284,7 +240,7 @@ def _report(progress: Progress | None, check: TwinCheck, short: np.ndarray, kept
     if progress:
         slow = int((check.keeps_up(bar) & short).sum())
         progress(f"twin check: {int(short.sum()) + kept} of {len(short)} GPUs fall short (worst serves "
-                 f"{check.ratio.min():.1%} of its load{f'; {slow} miss the TTFT limit' if slow else ''})"
+                 f"{check.ratio.min():.1%} of its load{f'; {slow} miss their latency SLO' if slow else ''})"
                  f"{f', {kept} kept with another A_max' if kept else ''}; packing {int(short.sum())} again with "
                  f"a {margin:.1%} load margin")
 
@@ -297,3 +253,6 @@ def _repack_failed(exc: InfeasibleError, repacked: int, margin: float) -> Infeas
 def _still_short(margin: float) -> InfeasibleError:
     return InfeasibleError(f"the twin still finds GPUs short after {MAX_ROUNDS} packings (load margin "
                            f"{margin:.1%}); plan with --predictor twin or allow a longer TTFT")
+
+
+__all__ = ["CONFIRM_RATIO", "Confirmation", "judged", "pack_confirmed", "replan_confirmed", "retune"]

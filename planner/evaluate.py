@@ -1,4 +1,9 @@
-"""Run every GPU of a placement in the digital twin: throughput, arriving rate, starvation, memory."""
+"""Judge every GPU of a saved placement in the digital twin, by the rule its plan was made with.
+
+The GPUs are judged exactly as ``planner plan`` confirms them (:mod:`planner.verdict`): the same twin
+run, the same bar (the SLO and served share the plan recorded, the profile's slowdown), the adapters'
+own SLOs from the workload. With the plan's defaults, a confirmed plan evaluates with its own figures.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +11,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from planner.packing import GpuGroup, PackRequest, group_scenario
 from planner.placement import Placement
+from planner.verdict import DEFAULT_RUN, ServiceBar, TwinRun, twin_check
 from twin.policies.memory import kv_capacity
-from twin.policies.spec import policy_record
+from twin.policies.spec import PolicySpec, policy_record
 from twin.profile import Profile
-from twin.simulate import SimConfig, SimResult, simulate
 from twin.workload import Adapter, Workload
 
 
@@ -22,24 +28,28 @@ class InstanceEvaluation:
     max_lora_rank: int
     memory_ok: bool
     predicted_throughput_tok_s: float | None
-    result: SimResult | None  # None on a memory error or when no adapter routes traffic here
+    arriving_tok_s: float
+    figures: dict[str, Any] | None  # the twin's (TwinCheck.row); None on a memory error
+    misses: list[str]  # what it misses, in words
+
+    @property
+    def ok(self) -> bool:
+        return self.memory_ok and bool(self.figures and self.figures["meets"])
 
     @property
     def starved(self) -> bool | None:
-        return None if self.result is None else self.result.starved
+        return None if self.figures is None else self.figures["served"] < 0.9
 
     def to_dict(self) -> dict[str, Any]:
-        r = self.result
+        f = self.figures or {}
         return {
             "instance_id": self.instance_id, "adapters": self.adapters, "a_max": self.a_max,
             "max_lora_rank": self.max_lora_rank, "memory_ok": self.memory_ok,
-            "predicted_throughput_tok_s": self.predicted_throughput_tok_s,
-            "throughput_tok_s": None if r is None else r.total_throughput_tok_s,
-            "arriving_tok_s": None if r is None else r.arriving_tok_s,
-            "starved": self.starved,
-            "itl_ms_mean": None if r is None else r.itl_ms_mean,
-            "ttft_ms_p99": None if r is None else r.ttft_ms_p99,
-            "preemptions": None if r is None else r.preemptions,
+            "predicted_throughput_tok_s": self.predicted_throughput_tok_s, "arriving_tok_s": self.arriving_tok_s,
+            "throughput_tok_s": f.get("throughput_tok_s"), "served": f.get("served"), "starved": self.starved,
+            "ttft_ms_p99": f.get("ttft_ms_p99"), "tpot_ms_p99": f.get("tpot_ms_p99"),
+            "itl_ms_mean": f.get("itl_ms_mean"), "max_ttft_ms": f.get("max_ttft_ms"),
+            "max_tpot_ms": f.get("max_tpot_ms"), "ok": self.ok, "misses": self.misses,
         }
 
 
@@ -48,53 +58,86 @@ class Evaluation:
     instances: list[InstanceEvaluation]
     unplaced: list[str]  # workload adapters no instance serves
     missing: list[str]  # placed adapters absent from the workload (evaluated with no traffic)
+    bar: ServiceBar
+    run: TwinRun
     policy: dict[str, Any] | None = None  # the serving policy simulated (policy_record); None: stock vLLM
 
     @property
     def ok(self) -> bool:
-        return not self.unplaced and all(i.memory_ok and not i.starved for i in self.instances)
+        return not self.unplaced and all(i.ok for i in self.instances)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             **({} if self.policy is None else {"policy": self.policy}),
-            "ok": self.ok, "gpus": len(self.instances),
+            "ok": self.ok, "gpus": len(self.instances), "slo": self.bar.to_dict(),
+            "twin_run": {"duration_s": self.run.duration_s, "seed": self.run.seed},
             "memory_errors": sum(not i.memory_ok for i in self.instances),
             "starving": sum(bool(i.starved) for i in self.instances),
+            "failing": sum(not i.ok for i in self.instances),
             "unplaced_adapters": self.unplaced, "adapters_not_in_workload": self.missing,
             "instances": [i.to_dict() for i in self.instances],
         }
 
 
-def evaluate_placement(placement: Placement, workload: Workload, profile: Profile, config: SimConfig,
-                       progress: Callable[[int, int, str], None] | None = None) -> Evaluation:
-    """Simulate each instance serving its adapters' share of ``workload``'s traffic.
-
-    ``config.a_max`` and ``config.max_lora_rank`` are replaced by each instance's settings; every
-    instance runs ``config.policy`` (None: stock vLLM), which also decides which --max-loras start.
-    """
-    capacity = kv_capacity(profile, config.policy)
+def evaluation_request(placement: Placement, workload: Workload, profile: Profile, bar: ServiceBar,
+                       policy: PolicySpec | None) -> PackRequest:
+    """The placement's adapters as a request: the workload's traffic and lengths (else the ones the plan was
+    made with), the workload's per-adapter SLOs, and placed adapters absent from it with no traffic."""
     by_id = {a.adapter_id: a for a in workload.adapters}
-    planned = {a["adapter_id"]: a for a in placement.adapters}
+    adapters = []
+    for plan in placement.adapters:
+        a = by_id.get(plan["adapter_id"])
+        if a is None:
+            adapters.append(Adapter(plan["adapter_id"], int(plan["rank"]), 0.0, plan["input_tokens"],
+                                    plan["output_tokens"]))
+        else:
+            adapters.append(Adapter(a.adapter_id, a.rank, a.rate_rps, a.input_tokens or plan["input_tokens"],
+                                    a.output_tokens or plan["output_tokens"], a.path, a.max_ttft_s, a.max_tpot_ms))
+    planned = {a.adapter_id for a in adapters}
+    adapters += [a for a in workload.adapters if a.adapter_id not in planned]
+    req = PackRequest.build(Workload(tuple(adapters)), profile, DEFAULT_RUN.predictor(profile, policy, bar.slowdown), 0)
+    return replace(req, bar=bar)
+
+
+def evaluate_placement(placement: Placement, workload: Workload, profile: Profile, bar: ServiceBar,
+                       run: TwinRun = DEFAULT_RUN, policy: PolicySpec | None = None,
+                       progress: Callable[[int, int], None] | None = None) -> Evaluation:
+    """Judge each instance serving its adapters' share of ``workload``'s traffic under serving ``policy``
+    (None: stock vLLM, which also decides which --max-loras start)."""
+    req = evaluation_request(placement, workload, profile, bar, policy)
+    index = {a.adapter_id: i for i, a in enumerate(req.workload.adapters)}
+    capacity = kv_capacity(profile, policy)
+    groups = [GpuGroup({index[a]: s for a, s in inst.adapters.items()}, inst.a_max, inst.max_lora_rank)
+              for inst in placement.instances]
+    starts = [k for k, inst in enumerate(placement.instances)
+              if inst.adapters and capacity.tokens_for(inst.a_max, inst.max_lora_rank) is not None]
+    scenarios = [group_scenario(req, g.shares, g.a_max, max_lora_rank=g.max_lora_rank) for g in groups]
+    check = twin_check(profile, policy, [scenarios[k] for k in starts], bar, run, progress)
+    out = []
+    for k, (inst, sc) in enumerate(zip(placement.instances, scenarios)):
+        j = starts.index(k) if k in starts else None
+        figures = None if j is None else check.row(j, bar)
+        misses = ["would not start (memory error)"] if j is None else check.misses(j, bar)
+        out.append(InstanceEvaluation(inst.instance_id, len(inst.adapters), inst.a_max, inst.max_lora_rank,
+                                      j is not None, inst.predicted_throughput_tok_s, sc.arriving_tok_s, figures,
+                                      misses))
     placed = {aid for inst in placement.instances for aid in inst.adapters}
-    out: list[InstanceEvaluation] = []
-    for k, inst in enumerate(placement.instances):
-        if progress:
-            progress(k, len(placement.instances), inst.instance_id)
-        adapters = []
-        for aid, share in inst.adapters.items():
-            a, plan = by_id.get(aid), planned[aid]
-            if a is None:  # not in this workload: served, but with no traffic
-                adapters.append(Adapter(aid, int(plan["rank"]), 0.0, plan["input_tokens"], plan["output_tokens"]))
-            else:  # the workload's lengths, else the ones the plan was made with
-                adapters.append(Adapter(aid, a.rank, a.rate_rps * share, a.input_tokens or plan["input_tokens"],
-                                        a.output_tokens or plan["output_tokens"]))
-        memory_ok = capacity.tokens_for(inst.a_max, inst.max_lora_rank) is not None
-        result = None
-        if memory_ok and adapters:
-            cfg = replace(config, a_max=inst.a_max, max_lora_rank=inst.max_lora_rank)
-            result = simulate(Workload(tuple(adapters)), profile, cfg)
-        out.append(InstanceEvaluation(inst.instance_id, len(adapters), inst.a_max, inst.max_lora_rank, memory_ok,
-                                      inst.predicted_throughput_tok_s, result))
     unplaced = [a.adapter_id for a in workload.adapters if a.adapter_id not in placed]
-    missing = sorted(placed - set(by_id))
-    return Evaluation(out, unplaced, missing, policy_record(config.policy))
+    missing = sorted(placed - {a.adapter_id for a in workload.adapters})
+    return Evaluation(out, unplaced, missing, bar, run, policy_record(policy))
+
+
+def plan_bar(placement: Placement, profile: Profile, objective: str | None = None, min_served: float | None = None,
+             max_ttft_s: float | None = None, max_tpot_ms: float | None = None,
+             slowdown: float | None = None) -> ServiceBar:
+    """The bar a saved plan was judged by (its recorded confirmation; for a plan that records none, the default
+    SLO on the profile's slowdown), with any of the arguments given replacing its part."""
+    conf = placement.inputs.get("confirmation")
+    base = (ServiceBar.from_dict(conf) if isinstance(conf, dict) and "objective" in conf
+            else ServiceBar(slowdown=profile.planning_slowdown()))
+    if objective is not None and objective != base.objective:
+        base = ServiceBar.for_objective(objective, profile.planning_slowdown(objective), base.min_served)
+    return ServiceBar(base.min_served if min_served is None else min_served,
+                      base.max_ttft_s if max_ttft_s is None else max_ttft_s,
+                      base.max_tpot_ms if max_tpot_ms is None else max_tpot_ms,
+                      base.slowdown if slowdown is None else slowdown)

@@ -15,7 +15,8 @@ from functools import cached_property
 import numpy as np
 
 from models.predictor import GpuScenario, Predictions, Predictor
-from twin.errors import InfeasibleError
+from planner.verdict import ServiceBar, group_limits
+from twin.errors import BadInputError, InfeasibleError
 from twin.policies.memory import UnifiedPool, kv_capacity
 from twin.policies.spec import PolicySpec
 from twin.profile import KVCapacity, Profile
@@ -38,9 +39,12 @@ class PackRequest:
     seed: int = 0
     policy: PolicySpec | None = None  # the predictor's serving policy; None: stock vLLM
     margin: float = 0.0  # a GPU passes only if predicted to keep up with (1 + margin) x its load
-    # ... and, when > 0, predicted to serve at least this fraction of that load (the twin confirmation's
-    # bar, above the 90 % of the starvation rule: packing to it spares confirmation rounds)
-    min_ratio: float = 0.0
+    # What a packed GPU must be predicted to meet (besides not starving): the bar of the twin confirmation,
+    # so that an accurate predictor needs one round; None: not starving alone (the baselines).
+    bar: ServiceBar | None = None
+    # Per adapter: its own latency SLO (the workload's max_ttft_s / max_tpot_ms columns), NaN where none.
+    adapter_ttft_s: np.ndarray | None = None
+    adapter_tpot_ms: np.ndarray | None = None
 
     @classmethod
     def build(cls, workload: Workload, profile: Profile, predictor: Predictor, max_gpus: int,
@@ -48,14 +52,24 @@ class PackRequest:
               seed: int = 0) -> PackRequest:
         d_in = input_tokens or profile.default_input_tokens
         d_out = output_tokens or profile.default_output_tokens
+        ads = workload.adapters
+        ins = np.array([a.input_tokens or d_in for a in ads], float)
+        outs = np.array([a.output_tokens or d_out for a in ads], float)
+        check_lengths(workload, profile, ins, outs)
         return cls(
             workload=workload, profile=profile, predictor=predictor, max_gpus=max_gpus,
             ranks=workload.ranks,
-            rates_rps=np.array([a.rate_rps for a in workload.adapters]) * (1.0 + headroom),
-            input_tokens=np.array([a.input_tokens or d_in for a in workload.adapters], float),
-            output_tokens=np.array([a.output_tokens or d_out for a in workload.adapters], float),
+            rates_rps=np.array([a.rate_rps for a in ads]) * (1.0 + headroom),
+            input_tokens=ins, output_tokens=outs,
             seed=seed, policy=getattr(predictor, "policy", None),  # predictors without one model stock vLLM
+            adapter_ttft_s=np.array([np.nan if a.max_ttft_s is None else a.max_ttft_s for a in ads], float),
+            adapter_tpot_ms=np.array([np.nan if a.max_tpot_ms is None else a.max_tpot_ms for a in ads], float),
         )
+
+    @property
+    def min_ratio(self) -> float:
+        """The share of its (margin-scaled) load a packed GPU must be predicted to serve; 0: not starving only."""
+        return 0.0 if self.bar is None else self.bar.min_served
 
     def adapter_id(self, i: int) -> str:
         return self.workload.adapters[i].adapter_id
@@ -69,6 +83,18 @@ class PackRequest:
     def arriving_tok_s(self) -> np.ndarray:
         """Per-adapter arriving token rate (input + output tokens per second)."""
         return self.rates_rps * (self.input_tokens + self.output_tokens)
+
+
+def check_lengths(workload: Workload, profile: Profile, ins: np.ndarray, outs: np.ndarray) -> None:
+    """A request of an adapter's mean lengths must fit the engine's context (vLLM refuses a longer one)."""
+    limit = profile.engine.max_model_len
+    too_long = np.flatnonzero(ins + outs > limit)
+    if too_long.size:
+        i = int(too_long[0])
+        raise BadInputError(f"adapter {workload.adapters[i].adapter_id}: a request of {ins[i]:g} prompt + {outs[i]:g} "
+                            f"output tokens does not fit max_model_len {limit} of profile {profile.profile_id}; vLLM "
+                            "would refuse it (shorten input_tokens/output_tokens, or plan with a profile of a longer "
+                            f"context){f' ({too_long.size} adapters in all)' if too_long.size > 1 else ''}")
 
 
 @dataclass
@@ -95,10 +121,14 @@ def group_scenario(req: PackRequest, shares: dict[int, float], a_max: int, rate_
     """The scenario of one GPU; max_lora_rank defaults to the smallest profiled rank holding its adapters."""
     idx = np.fromiter(shares, np.int64, len(shares))
     share = np.fromiter(shares.values(), np.float64, len(shares))
+    limits = {}
+    if req.bar is not None:
+        limits = dict(zip(("max_ttft_ms", "max_tpot_ms"),
+                          group_limits(req.bar, req.adapter_ttft_s[idx], req.adapter_tpot_ms[idx])))
     return GpuScenario(
         ranks=req.ranks[idx], rates_rps=req.rates_rps[idx] * share * rate_scale,
         input_tokens=req.input_tokens[idx], output_tokens=req.output_tokens[idx],
-        a_max=a_max, max_lora_rank=max_lora_rank or req.profile.kv.rank_for(int(req.ranks[idx].max())),
+        a_max=a_max, max_lora_rank=max_lora_rank or req.profile.kv.rank_for(int(req.ranks[idx].max())), **limits,
     )
 
 
@@ -132,9 +162,10 @@ STRESS_FACTOR = 1.5
 def best_a_max(req: PackRequest, shares: dict[int, float]) -> GroupVerdict:
     """Test one GPU's group over every memory-feasible A_max candidate.
 
-    Among candidates predicted not to starve (at the load scaled by ``1 + req.margin``), pick the one
-    with the highest predicted throughput when that load is scaled again by :data:`STRESS_FACTOR` (its
-    spare capacity); ties go to the larger A_max. Not ok when every candidate starves or none starts in
+    Among candidates that pass (:func:`passing`, at the load scaled by ``1 + req.margin``), pick the one
+    with the most room when that load is scaled again by :data:`STRESS_FACTOR`: under a p99 TTFT limit a
+    predictor of latency can check, the lowest predicted TTFT there; else the highest predicted
+    throughput there. Ties go to the larger A_max. Not ok when no candidate passes or none starts in
     memory. The throughput returned is the one predicted at the margin-scaled load.
     """
     ranks = req.ranks[list(shares)]
@@ -142,14 +173,19 @@ def best_a_max(req: PackRequest, shares: dict[int, float]) -> GroupVerdict:
     if not cands:
         return GroupVerdict(False)
     scale = 1.0 + req.margin
-    nominal = req.predictor.predict([group_scenario(req, shares, a, scale) for a in cands])
-    keep = [a for a, ok in zip(cands, passing(req, nominal)) if ok]
+    scenarios = [group_scenario(req, shares, a, scale) for a in cands]
+    nominal = req.predictor.predict(scenarios)
+    keep = [a for a, ok in zip(cands, passing(req, nominal, scenarios)) if ok]
     if not keep:
         return GroupVerdict(False)
     if len(keep) == 1:
         return GroupVerdict(True, keep[0], float(nominal.throughput_tok_s[cands.index(keep[0])]))
     stressed = req.predictor.predict([group_scenario(req, shares, a, STRESS_FACTOR * scale) for a in keep])
-    best = max(range(len(keep)), key=lambda i: (stressed.throughput_tok_s[i], keep[i]))
+    if req.bar is not None and stressed.ttft_ms_p99_all is not None and np.isfinite(scenarios[0].max_ttft_ms):
+        score = -np.log10(stressed.ttft_ms_p99_all)
+    else:
+        score = stressed.throughput_tok_s
+    best = max(range(len(keep)), key=lambda i: (score[i], keep[i]))
     return GroupVerdict(True, keep[best], float(nominal.throughput_tok_s[cands.index(keep[best])]))
 
 
@@ -158,16 +194,17 @@ def keeps_up(req: PackRequest, shares: dict[int, float], a_max: int, max_lora_ra
     settings)?"""
     if int(req.ranks[list(shares)].max()) > max_lora_rank or req.kv.tokens_for(a_max, max_lora_rank) is None:
         return False
-    scen = group_scenario(req, shares, a_max, 1.0 + req.margin, max_lora_rank=max_lora_rank)
-    return bool(passing(req, req.predictor.predict([scen]))[0])
+    scen = [group_scenario(req, shares, a_max, 1.0 + req.margin, max_lora_rank=max_lora_rank)]
+    return bool(passing(req, req.predictor.predict(scen), scen)[0])
 
 
-def passing(req: PackRequest, pred: Predictions) -> np.ndarray:
-    """Which predicted scenarios a group may be packed as: not starving, and serving ``req.min_ratio``
-    of the load the predictor saw."""
+def passing(req: PackRequest, pred: Predictions, scenarios: list[GpuScenario]) -> np.ndarray:
+    """Which predicted scenarios a group may be packed as: not starving, serving ``req.min_ratio`` of the
+    load the predictor saw, and within their latency limits where the predictor predicts latency."""
     ok = ~np.asarray(pred.starved, bool)
-    if req.min_ratio > 0:
+    if req.bar is not None:
         ok &= pred.throughput_tok_s >= req.min_ratio * pred.arriving_tok_s
+        ok &= pred.meets_latency(scenarios)
     return ok
 
 

@@ -18,11 +18,14 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from planner.packing import GpuGroup, PackRequest, group_scenario
 from twin.atomic import json_safe
 from twin.errors import BadInputError
 from twin.policies.spec import policy_record
 from twin.profile import Profile
+from twin.simulate import STARVATION_THRESHOLD
 
 SCHEMA_VERSION = 1
 
@@ -38,6 +41,9 @@ class InstancePlan:
     predicted_throughput_tok_s: float | None
     arriving_tok_s: float
     predicted_starved: bool | None
+    #: The twin's verdict (planner.verdict.TwinCheck.row) where the plan was judged in the twin; its figures
+    #: are then the predictions above. None: predicted by the plan's predictor alone (--no-confirm).
+    twin: dict[str, Any] | None = None
 
     @property
     def memory_ok(self) -> bool:
@@ -45,7 +51,9 @@ class InstancePlan:
 
     @property
     def ok(self) -> bool:
-        return self.memory_ok and self.predicted_starved is False
+        if not self.memory_ok:
+            return False
+        return bool(self.twin["meets"]) if self.twin is not None else self.predicted_starved is False
 
 
 @dataclass
@@ -94,14 +102,20 @@ class Placement:
         return json_safe(out)
 
     def summary(self) -> dict[str, Any]:
+        """Totals; ``judged_by`` says whose figures decide ``ok``: the twin's (every GPU judged there) or
+        the plan's predictor's."""
         pred = [i.predicted_throughput_tok_s for i in self.instances]
+        judged = [i for i in self.instances if i.twin is not None]
         return {
             "gpus": len(self.instances),
             "adapters": len(self.adapters),
             "arriving_tok_s": round(sum(i.arriving_tok_s for i in self.instances), 3),
             "predicted_throughput_tok_s": round(sum(p for p in pred if p is not None), 3),
+            "judged_by": "twin" if judged else self.inputs.get("predictor", {}).get("kind", "predictor"),
+            "worst_served": min((i.twin["served"] for i in judged), default=None),
             "memory_errors": sum(not i.memory_ok for i in self.instances),
             "predicted_starving": sum(bool(i.predicted_starved) for i in self.instances),
+            "failing": sum(not i.ok for i in self.instances),
             "all_ok": all(i.ok for i in self.instances),
         }
 
@@ -133,8 +147,10 @@ def cpu_slots(n_adapters: int, a_max: int) -> int:
     return max(a_max, n_adapters + -(-n_adapters // 4))
 
 
-def build_instances(req: PackRequest, groups: list[GpuGroup], first_index: int = 0) -> list[InstancePlan]:
-    """Per-GPU settings and predictions for ``groups`` (memory errors predicted as such, not run)."""
+def build_instances(req: PackRequest, groups: list[GpuGroup], first_index: int = 0,
+                    twin: list[dict | None] | None = None) -> list[InstancePlan]:
+    """Per-GPU settings and predictions for ``groups`` (memory errors predicted as such, not run): the twin's
+    verdicts where given (one per group), else the request's predictor's."""
     kv = req.kv
     insts: list[InstancePlan] = []
     feasible: list[int] = []
@@ -150,7 +166,13 @@ def build_instances(req: PackRequest, groups: list[GpuGroup], first_index: int =
             adapters={req.adapter_id(i): s for i, s in g.shares.items()},
             predicted_throughput_tok_s=None, arriving_tok_s=scen.arriving_tok_s, predicted_starved=None,
         ))
-    if feasible:
+    if twin is not None:
+        for inst, row in zip(insts, twin):
+            if row is not None:
+                inst.twin = row
+                inst.predicted_throughput_tok_s = row["throughput_tok_s"]
+                inst.predicted_starved = row["served"] < STARVATION_THRESHOLD
+    elif feasible:
         pred = req.predictor.predict([group_scenario(req, groups[k].shares, groups[k].a_max,
                                                      max_lora_rank=insts[k].max_lora_rank) for k in feasible])
         for j, k in enumerate(feasible):
@@ -172,9 +194,17 @@ def plan_inputs(workload_path, req: PackRequest, algorithm: str, headroom: float
     """The ``inputs`` section; ``policy`` (name and non-preset params) only for a non-stock serving policy."""
     pred = req.predictor
     policy = policy_record(req.policy)
+    weights = req.rates_rps if req.rates_rps.sum() > 0 else None
     return {
         "workload": {"path": str(workload_path), "sha256": file_sha256(workload_path),
                      "adapters": len(req.workload)},
+        "lengths": {  # what the plan assumed of request lengths
+            "mean_input_tokens": round(float(np.average(req.input_tokens, weights=weights)), 1),
+            "mean_output_tokens": round(float(np.average(req.output_tokens, weights=weights)), 1),
+            "adapters_with_own_lengths": sum(a.input_tokens is not None or a.output_tokens is not None
+                                             for a in req.workload.adapters),
+            "length_cv": req.profile.default_length_cv,
+        },
         "profile_id": req.profile.profile_id,
         **({} if policy is None else {"policy": policy}),
         "predictor": {"kind": pred.kind, "id": getattr(pred, "artifact_id", None)},
@@ -210,7 +240,7 @@ def read_placement(path: str | os.PathLike) -> Placement:
                 max_cpu_loras=int(d["max_cpu_loras"]), kv_tokens=d["kv_tokens"],
                 adapters={str(a["adapter_id"]): float(a["share"]) for a in d["adapters"]},
                 predicted_throughput_tok_s=d["predicted_throughput_tok_s"], arriving_tok_s=float(d["arriving_tok_s"]),
-                predicted_starved=d["predicted_starved"],
+                predicted_starved=d["predicted_starved"], twin=d.get("twin"),
             )
             for d in raw["instances"]
         ]

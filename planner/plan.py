@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from models.predictor import Predictor
 from planner.baselines import plan_dlora, plan_latency, plan_maxbase, plan_random
-from planner.confirm import CONFIRM_RATIO, Confirmation, Progress, ServiceBar, pack_confirmed
+from planner.confirm import Confirmation, Progress, judged, pack_confirmed
 from planner.greedy import plan_greedy
 from planner.packing import GpuGroup, PackRequest
 from planner.paper_greedy import plan_paper_greedy
 from planner.placement import Placement, adapter_rows, build_instances, engine_settings, plan_inputs
+from planner.verdict import CONFIRM_DURATION_S, CONFIRM_SEED, ServiceBar, TwinRun
 from twin.errors import BadInputError
 from twin.profile import Profile
 from twin.workload import Workload
@@ -49,15 +50,22 @@ class PlanOptions:
     output_tokens: float | None = None
     split_hot: bool = True
     balance: bool = True
-    confirm: bool = True  # greedy with a surrogate: confirm every GPU in the twin, repack if one falls short
+    confirm: bool = True  # judge every GPU in the twin (greedy: and repack the ones that fall short)
     jobs: int = 1  # processes for the twin confirmation
-    max_ttft_s: float | None = None  # confirmation also requires the twin's p99 TTFT within this
-    min_served: float | None = None  # confirmation's share of arriving tokens served [CONFIRM_RATIO]
+    objective: str = "slo"  # slo: the latency SLO and the served share; throughput: the served share alone
+    max_ttft_s: float | None = None  # the SLO's p99 TTFT [verdict.DEFAULT_MAX_TTFT_S with objective slo]
+    max_tpot_ms: float | None = None  # the SLO's p99 TPOT [verdict.DEFAULT_MAX_TPOT_MS with objective slo]
+    min_served: float | None = None  # share of arriving tokens served [verdict.CONFIRM_RATIO]
+    slowdown: float | None = None  # the twin's GPU this much slower [the profile's planning.slowdown]
+
+    def bar(self, profile: Profile) -> ServiceBar:
+        """What the twin requires of each GPU of this plan (before its adapters' own SLOs)."""
+        return ServiceBar.for_objective(self.objective, profile.planning_slowdown(self.objective) if self.slowdown is None
+                                        else self.slowdown, self.min_served, self.max_ttft_s, self.max_tpot_ms)
 
     @property
-    def bar(self) -> ServiceBar:
-        """What the twin confirmation requires of each GPU."""
-        return ServiceBar(CONFIRM_RATIO if self.min_served is None else self.min_served, self.max_ttft_s)
+    def run(self) -> TwinRun:
+        return TwinRun(CONFIRM_DURATION_S, CONFIRM_SEED, jobs=self.jobs)
 
 
 def pack_request(workload: Workload, profile: Profile, predictor: Predictor, opts: PlanOptions) -> PackRequest:
@@ -65,8 +73,15 @@ def pack_request(workload: Workload, profile: Profile, predictor: Predictor, opt
     if spec.needs_gpus and opts.gpus is None:
         raise BadInputError(f"--algorithm {opts.algorithm} spreads adapters over a given number of GPUs; "
                             "say how many with --gpus N")
-    return PackRequest.build(workload, profile, predictor, opts.gpus or UNLIMITED_GPUS, opts.headroom,
-                             opts.input_tokens, opts.output_tokens, opts.seed)
+    bar = opts.bar(profile)
+    if predictor.kind == "twin":  # the twin as predictor answers with the judging run itself
+        predictor = opts.run.predictor(profile, getattr(predictor, "policy", None), bar.slowdown)
+    req = PackRequest.build(workload, profile, predictor, opts.gpus or UNLIMITED_GPUS, opts.headroom,
+                            opts.input_tokens, opts.output_tokens, opts.seed)
+    if opts.algorithm != "greedy":
+        return req
+    # greedy aims at the bar; a model of the profile's own twin is asked for the load of the slower one
+    return replace(req, bar=bar, margin=0.0 if predictor.kind == "twin" else bar.slowdown - 1.0)
 
 
 def _spec(name: str) -> AlgorithmSpec:
@@ -82,22 +97,17 @@ def run_algorithm(req: PackRequest, opts: PlanOptions) -> list[GpuGroup]:
     return _spec(opts.algorithm).run(req)
 
 
-def confirms(req: PackRequest, opts: PlanOptions) -> bool:
-    """Is this plan checked in the twin? Greedy plans made with a model other than the twin itself, and
-    every greedy plan with a TTFT limit or a share to serve."""
-    asked = opts.max_ttft_s is not None or opts.min_served is not None
-    if asked and not (opts.confirm and opts.algorithm == "greedy"):
-        raise BadInputError("--max-ttft and --min-served are checked by the twin confirmation, which runs for "
-                            "--algorithm greedy only: drop --no-confirm (and, for `plan`, any other --algorithm)")
-    return opts.confirm and opts.algorithm == "greedy" and (req.predictor.kind != "twin" or asked)
-
-
 def plan_groups(req: PackRequest, opts: PlanOptions,
                 progress: Progress | None = None) -> tuple[list[GpuGroup], Confirmation | None]:
-    """Run the algorithm, confirmed in the twin where :func:`confirms` says so (else no confirmation)."""
-    if confirms(req, opts):
-        return pack_confirmed(req, opts.split_hot, opts.balance, opts.jobs, opts.bar, progress)
-    return run_algorithm(req, opts), None
+    """Run the algorithm; with ``opts.confirm`` judge every GPU in the twin (greedy repacks the ones that
+    fall short until all pass; the other algorithms are judged as they pack)."""
+    if not opts.confirm:
+        return run_algorithm(req, opts), None
+    bar = opts.bar(req.profile)
+    if opts.algorithm == "greedy":
+        return pack_confirmed(req, opts.split_hot, opts.balance, opts.run, bar, progress)
+    groups = run_algorithm(req, opts)
+    return groups, judged(req, groups, opts.run, bar, progress)
 
 
 def make_plan(workload_path: str | os.PathLike, workload: Workload, profile: Profile, predictor: Predictor,
@@ -110,7 +120,7 @@ def make_plan(workload_path: str | os.PathLike, workload: Workload, profile: Pro
         inputs["confirmation"] = confirmation.to_dict()
     return Placement(
         inputs=inputs,
-        instances=build_instances(req, groups),
+        instances=build_instances(req, groups, twin=None if confirmation is None else confirmation.rows),
         adapters=adapter_rows(req),
         engine=engine_settings(profile),
     )

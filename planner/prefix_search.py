@@ -40,12 +40,14 @@ class PrefixSearch:
         self.req, self.queue = req, queue
         self._verdicts: dict[tuple[int, int], GroupVerdict] = {}
         self._arrays: tuple[np.ndarray, ...] | None = None
+        self._limits: np.ndarray | None = None
         self._tables: tuple | None = None
 
     def reset(self) -> None:
         """The queue changed (a hot adapter was split): forget every answer."""
         self._verdicts.clear()
         self._arrays = None
+        self._limits = None
 
     def compiled(self) -> bool:
         return isinstance(self.req.predictor, SurrogatePredictor)
@@ -63,13 +65,28 @@ class PrefixSearch:
         rank_values, limits, lora_ranks, points, kv = self._candidate_tables()
         scale = 1.0 + req.margin
         t, s = pred.throughput_forest, pred.starved_forest
+        ttft = pred.ttft_forest if req.bar is not None and pred.ttft_forest is not None else t
         k, a_max = _largest_prefix(
-            pred.terms, ranks[pos:], rates[pos:], d_in[pos:], d_out[pos:], k_max,
+            pred.terms, ranks[pos:], rates[pos:], d_in[pos:], d_out[pos:], self._ttft_limits()[pos:], k_max,
             rank_values, limits, lora_ranks, points, kv,
-            scale, STRESS_FACTOR * scale, float(req.min_ratio),
+            scale, STRESS_FACTOR * scale, float(req.min_ratio), ttft is not t,
             t.nodes, t.thresholds, t.leaf_row, t.leaf_value, t.roots,
-            s.nodes, s.thresholds, s.leaf_row, s.leaf_value, s.roots)
+            s.nodes, s.thresholds, s.leaf_row, s.leaf_value, s.roots,
+            ttft.nodes, ttft.thresholds, ttft.leaf_row, ttft.leaf_value, ttft.roots)
         return int(k), int(a_max)
+
+    def _ttft_limits(self) -> np.ndarray:
+        """Per queue entry: log10 of the p99 TTFT limit (ms) its adapter holds a GPU to (inf: none)."""
+        if self._limits is None:
+            req = self.req
+            idx = np.array([i for i, _ in self.queue], np.int64)
+            if req.bar is None:
+                self._limits = np.full(len(idx), np.inf)
+            else:
+                bar_ms = np.inf if req.bar.max_ttft_s is None else req.bar.max_ttft_s * 1000.0
+                own = req.adapter_ttft_s[idx] * 1000.0
+                self._limits = np.log10(np.fmin(own, bar_ms))
+        return self._limits
 
     def _search(self, pos: int, k_max: int) -> tuple[int, int]:
         """The search of ``_largest_prefix``, asking ``best_a_max``."""
@@ -139,21 +156,28 @@ class PrefixSearch:
 
 
 @numba.njit(cache=True)
-def _largest_prefix(terms, ranks, rates, input_tokens, output_tokens, k_max, rank_values, limits, lora_ranks,
-                    points, kv, scale, stress, min_ratio, t_nodes, t_thresholds, t_leaf_row, t_leaf_value, t_roots,
-                    s_nodes, s_thresholds, s_leaf_row, s_leaf_value, s_roots):
-    """PrefixSearch._search over compiled verdicts: (k, A_max), (0, 0) when the first adapter alone fails."""
+def _largest_prefix(terms, ranks, rates, input_tokens, output_tokens, ttft_limits, k_max, rank_values, limits,
+                    lora_ranks, points, kv, scale, stress, min_ratio, use_ttft, t_nodes, t_thresholds, t_leaf_row,
+                    t_leaf_value, t_roots, s_nodes, s_thresholds, s_leaf_row, s_leaf_value, s_roots, l_nodes,
+                    l_thresholds, l_leaf_row, l_leaf_value, l_roots):
+    """PrefixSearch._search over compiled verdicts: (k, A_max), (0, 0) when the first adapter alone fails.
+    ``ttft_limits``: per entry, log10 of its p99 TTFT limit in ms; ``use_ttft``: the ``l_*`` forest predicts it."""
     buf = np.empty(k_max)
     nominal, stressed = np.empty(N_SUMS), np.empty(N_SUMS)
     x, x32, out = np.empty(N_FEATURES), np.empty(N_FEATURES, np.float32), np.empty(2)
     need = np.empty(k_max, np.int64)  # row of rank_values holding each prefix's largest rank
+    limit = np.empty(k_max)  # each prefix's TTFT limit: the strictest of its entries'
     top_rank = 0
+    strictest = np.inf
     for i in range(k_max):
         top_rank = max(top_rank, ranks[i])
         need[i] = np.searchsorted(rank_values, top_rank)
-    args = (terms, ranks, rates, input_tokens, output_tokens, need, limits, lora_ranks, points, kv, scale, stress,
-            min_ratio, buf, nominal, stressed, x, x32, out, t_nodes, t_thresholds, t_leaf_row, t_leaf_value, t_roots,
-            s_nodes, s_thresholds, s_leaf_row, s_leaf_value, s_roots)
+        strictest = min(strictest, ttft_limits[i])
+        limit[i] = strictest
+    args = (terms, ranks, rates, input_tokens, output_tokens, need, limit, limits, lora_ranks, points, kv, scale,
+            stress, min_ratio, use_ttft, buf, nominal, stressed, x, x32, out, t_nodes, t_thresholds, t_leaf_row,
+            t_leaf_value, t_roots, s_nodes, s_thresholds, s_leaf_row, s_leaf_value, s_roots, l_nodes, l_thresholds,
+            l_leaf_row, l_leaf_value, l_roots)
     a_first = _prefix_verdict(1, *args)
     if a_first == 0:
         return 0, 0
@@ -183,29 +207,37 @@ def _largest_prefix(terms, ranks, rates, input_tokens, output_tokens, k_max, ran
 
 
 @numba.njit(cache=True)
-def _prefix_verdict(k, terms, ranks, rates, input_tokens, output_tokens, need, limits, lora_ranks, points, kv, scale,
-                    stress, min_ratio, buf, nominal, stressed, x, x32, out, t_nodes, t_thresholds, t_leaf_row,
-                    t_leaf_value, t_roots, s_nodes, s_thresholds, s_leaf_row, s_leaf_value, s_roots):
+def _prefix_verdict(k, terms, ranks, rates, input_tokens, output_tokens, need, ttft_limit, limits, lora_ranks, points,
+                    kv, scale, stress, min_ratio, use_ttft, buf, nominal, stressed, x, x32, out, t_nodes, t_thresholds,
+                    t_leaf_row, t_leaf_value, t_roots, s_nodes, s_thresholds, s_leaf_row, s_leaf_value, s_roots,
+                    l_nodes, l_thresholds, l_leaf_row, l_leaf_value, l_roots):
     """``best_a_max`` of the first k adapters: the chosen A_max, 0 if none passes. Candidates as
-    ``a_max_candidates``: every profiled point below top = min(k, A_max limit), then top."""
+    ``a_max_candidates``: every profiled point below top = min(k, A_max limit), then top. With a TTFT limit
+    and a latency forest, the passing candidate with the lowest p99 TTFT at the stressed load wins, else the
+    one with the highest stressed throughput (ties: the larger A_max)."""
     row = need[k - 1]
     top = min(k, limits[row])
     if top < 1:
         return 0
     rank = lora_ranks[row]
+    lim = ttft_limit[k - 1]
+    latency = use_ttft and lim < np.inf
     for i in range(k):
         buf[i] = rates[i] * scale
     scenario_sums(ranks[:k], buf[:k], input_tokens[:k], output_tokens[:k], nominal)
     have_stressed = False
-    best, best_stressed = 0, 0.0
+    best, best_score = 0, 0.0
     n_points = 0
     while n_points < points.shape[0] and points[n_points] < top:
         n_points += 1
     for c in range(n_points + 1):
         a = points[c] if c < n_points else top
         tokens = float(kv[row, a])
-        if not _passes(terms, nominal, a, rank, tokens, min_ratio, x, x32, out, t_nodes, t_thresholds, t_leaf_row,
-                       t_leaf_value, t_roots, s_nodes, s_thresholds, s_leaf_row, s_leaf_value, s_roots):
+        _features32(terms, nominal, a, rank, tokens, x, x32)
+        if not _passes(x, x32, out, min_ratio, t_nodes, t_thresholds, t_leaf_row, t_leaf_value, t_roots,
+                       s_nodes, s_thresholds, s_leaf_row, s_leaf_value, s_roots):
+            continue
+        if latency and _log_ttft(x32, out, l_nodes, l_thresholds, l_leaf_row, l_leaf_value, l_roots) > lim:
             continue
         if not have_stressed:
             for i in range(k):
@@ -213,9 +245,12 @@ def _prefix_verdict(k, terms, ranks, rates, input_tokens, output_tokens, need, l
             scenario_sums(ranks[:k], buf[:k], input_tokens[:k], output_tokens[:k], stressed)
             have_stressed = True
         _features32(terms, stressed, a, rank, tokens, x, x32)
-        s_thr = _throughput(x, x32, out, t_nodes, t_thresholds, t_leaf_row, t_leaf_value, t_roots)
-        if best == 0 or s_thr >= best_stressed:  # candidates ascend: a tie goes to the larger A_max
-            best, best_stressed = a, s_thr
+        if latency:
+            score = -_log_ttft(x32, out, l_nodes, l_thresholds, l_leaf_row, l_leaf_value, l_roots)
+        else:
+            score = _throughput(x, x32, out, t_nodes, t_thresholds, t_leaf_row, t_leaf_value, t_roots)
+        if best == 0 or score >= best_score:  # candidates ascend: a tie goes to the larger A_max
+            best, best_score = a, score
     return best
 
 
@@ -234,11 +269,16 @@ def _throughput(x, x32, out, t_nodes, t_thresholds, t_leaf_row, t_leaf_value, t_
 
 
 @numba.njit(cache=True)
-def _passes(terms, sums, a_max, max_rank, kv, min_ratio, x, x32, out,
-            t_nodes, t_thresholds, t_leaf_row, t_leaf_value, t_roots,
+def _log_ttft(x32, out, l_nodes, l_thresholds, l_leaf_row, l_leaf_value, l_roots):
+    forest_row(l_nodes, l_thresholds, l_leaf_row, l_leaf_value, l_roots, x32, out)
+    return out[0]
+
+
+@numba.njit(cache=True)
+def _passes(x, x32, out, min_ratio, t_nodes, t_thresholds, t_leaf_row, t_leaf_value, t_roots,
             s_nodes, s_thresholds, s_leaf_row, s_leaf_value, s_roots):
-    """Not starved, and serving ``min_ratio`` of its load if > 0 (the throughput forest runs only then)."""
-    _features32(terms, sums, a_max, max_rank, kv, x, x32)
+    """Of the feature row in ``x``/``x32``: not starved, and serving ``min_ratio`` of its load if > 0 (the
+    throughput forest runs only then)."""
     forest_row(s_nodes, s_thresholds, s_leaf_row, s_leaf_value, s_roots, x32, out)
     if out[1] > out[0]:
         return False

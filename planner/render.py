@@ -5,8 +5,8 @@ from __future__ import annotations
 import shlex
 from pathlib import PurePosixPath
 
-from planner.confirm import CONFIRM_RATIO
 from planner.placement import InstancePlan, Placement
+from planner.verdict import CONFIRM_RATIO
 from twin.policies.spec import policy_label
 
 
@@ -17,50 +17,112 @@ def _fmt(x: float | None) -> str:
 def _status(inst: InstancePlan) -> str:
     if not inst.memory_ok:
         return "MEMORY ERROR"
+    if inst.twin is not None:
+        return "ok" if inst.twin["meets"] else "FAILS"
     return "STARVES" if inst.predicted_starved else "ok"
+
+
+def _seconds(ms: float | None) -> str:
+    return "-" if ms is None else f"{ms / 1000:.2f} s"
+
+
+def _millis(ms: float | None) -> str:
+    return "-" if ms is None else f"{ms:,.0f} ms"
+
+
+def slo_line(c: dict) -> str:
+    """What every GPU of a judged plan had to show, and where (the plan's ``inputs.confirmation``)."""
+    parts = []
+    if c.get("max_ttft_s") is not None:
+        parts.append(f"p99 TTFT <= {c['max_ttft_s']:g} s")
+    if c.get("max_tpot_ms") is not None:
+        parts.append(f"p99 TPOT <= {c['max_tpot_ms']:g} ms")
+    parts.append(f"serve >= {c['min_served']:.0%} of the arriving tokens")
+    line = "SLO per GPU: " + ", ".join(parts)
+    if c.get("objective") == "throughput":
+        line += " (--objective throughput: no latency bound)"
+    line += f"; judged in the twin ({c['duration_s']:.0f} s of Poisson arrivals"
+    if c.get("slowdown", 1.0) > 1.0:
+        line += f", on a GPU {c['slowdown'] - 1:.0%} slower than the profile: its safety margin"
+    return line + ")"
 
 
 def render_table(p: Placement) -> str:
     s = p.summary()
+    judged = s["judged_by"] == "twin"
     head = (f"{s['adapters']} adapters on {s['gpus']} GPU(s) · profile {p.inputs['profile_id']} · "
-            f"algorithm {p.inputs['algorithm']} · predictor {p.inputs['predictor']['kind']}")
+            f"algorithm {p.inputs['algorithm']} · packed with the {p.inputs['predictor']['kind']}")
     if "policy" in p.inputs:
         head += f" · policy {policy_label(p.inputs['policy'])}"
-    rows = [("instance", "adapters", "--max-loras", "--max-lora-rank", "arriving tok/s", "predicted tok/s", "status")]
-    for inst in p.instances:
-        rows.append((inst.instance_id, str(len(inst.adapters)), str(inst.a_max), str(inst.max_lora_rank),
-                     _fmt(inst.arriving_tok_s), _fmt(inst.predicted_throughput_tok_s), _status(inst)))
+    lines = [head]
+    if "lengths" in p.inputs:
+        ln = p.inputs["lengths"]
+        own = ln["adapters_with_own_lengths"]
+        lines.append(f"request lengths: {ln['mean_input_tokens']:g} prompt + {ln['mean_output_tokens']:g} output tokens "
+                     f"on average ({f'{own} adapters give their own, the rest' if own else 'every adapter'} "
+                     f"{'the defaults' if own else 'at the defaults'})"
+                     + (f", log-normal with CV {ln['length_cv']:g}" if ln.get("length_cv") else ""))
+    if "confirmation" in p.inputs:
+        lines.append(slo_line(p.inputs["confirmation"]))
+    else:
+        lines.append("predicted by the plan's predictor alone (--no-confirm): not judged in the twin")
+    if judged:
+        rows = [("instance", "adapters", "--max-loras", "--max-lora-rank", "arriving tok/s", "served", "p99 TTFT",
+                 "p99 TPOT", "status")]
+        for inst in p.instances:
+            t = inst.twin or {}
+            rows.append((inst.instance_id, str(len(inst.adapters)), str(inst.a_max), str(inst.max_lora_rank),
+                         _fmt(inst.arriving_tok_s), "-" if not t else f"{t['served']:.1%}",
+                         _seconds(t.get("ttft_ms_p99")), _millis(t.get("tpot_ms_p99")), _status(inst)))
+    else:
+        rows = [("instance", "adapters", "--max-loras", "--max-lora-rank", "arriving tok/s", "predicted tok/s",
+                 "status")]
+        for inst in p.instances:
+            rows.append((inst.instance_id, str(len(inst.adapters)), str(inst.a_max), str(inst.max_lora_rank),
+                         _fmt(inst.arriving_tok_s), _fmt(inst.predicted_throughput_tok_s), _status(inst)))
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
-    lines = [head, ""]
+    lines.append("")
+    last = len(rows[0]) - 1
     for k, r in enumerate(rows):
-        lines.append("  ".join(v.ljust(w) if c in (0, 6) else v.rjust(w) for c, (v, w) in enumerate(zip(r, widths))))
+        lines.append("  ".join(v.ljust(w) if c in (0, last) else v.rjust(w)
+                               for c, (v, w) in enumerate(zip(r, widths))).rstrip())
         if k == 0:
             lines.append("  ".join("-" * w for w in widths))
     split = [a for a, r in p.routes().items() if len(r) > 1]
     if split:
         lines.append(f"\n{len(split)} adapter(s) split over replicas (see 'router' in the JSON): {', '.join(split[:5])}")
-    verdict = "every GPU keeps up and starts" if s["all_ok"] else (
-        f"{s['predicted_starving']} GPU(s) predicted to starve, {s['memory_errors']} with a memory error")
-    lines.append(f"\ntotal: {_fmt(s['predicted_throughput_tok_s'])} of {_fmt(s['arriving_tok_s'])} tok/s; {verdict}")
+    lines.append("\n" + _total_line(p, s))
     if "confirmation" in p.inputs:
-        lines.append(_confirmation_line(p.inputs["confirmation"]))
+        note = _rounds_line(p.inputs["confirmation"])
+        if note:
+            lines.append(note)
     return "\n".join(lines)
 
 
-def _confirmation_line(c: dict) -> str:
-    line = (f"confirmed in the twin ({c['duration_s']:.0f} simulated s per GPU): the worst GPU serves "
-            f"{c['worst_ratio']:.1%} of its arriving tokens, the worst p99 TTFT is {c['worst_ttft_ms_p99'] / 1000:,.1f} s")
-    if c["max_ttft_s"] is not None:
-        line += f" (limit {c['max_ttft_s']:g} s)"
+def _total_line(p: Placement, s: dict) -> str:
+    total = f"total: {_fmt(s['arriving_tok_s'])} tok/s arriving on {s['gpus']} GPU(s); "
+    if s["all_ok"]:
+        what = "meets the SLO" if p.inputs.get("confirmation", {}).get("objective") == "slo" else "keeps up"
+        verdict = f"ok: every GPU {what} and starts"
+        if s["worst_served"] is not None:
+            verdict += f" (the worst serves {s['worst_served']:.1%} of its tokens in the twin)"
+        return total + verdict
+    return total + f"{s['failing']} GPU(s) fail ({s['memory_errors']} would not start)"
+
+
+def _rounds_line(c: dict) -> str:
+    notes = []
     if c["seeds_below_default_ratio"]:
-        line += (f"; --min-served {c['min_ratio']:g}: a GPU below {CONFIRM_RATIO:.0%} had to meet it with "
-                 f"{1 + len(c['seeds_below_default_ratio'])} arrival seeds")
+        notes.append(f"--min-served {c['min_served']:g}: a GPU below {CONFIRM_RATIO:.0%} had to meet it with "
+                     f"{1 + len(c['seeds_below_default_ratio'])} arrival seeds")
     if c.get("retuned_gpus"):
-        line += f"; {c['retuned_gpus']} GPU(s) fell short and were kept with another --max-loras the twin confirmed"
-    if c["repacked_gpus"]:
-        line += (f"; {c['repacked_gpus']} GPU(s) of the surrogate's plan fell short and their adapters were packed "
-                 f"again with up to a {c['margin']:.1%} load margin")
-    return line
+        notes.append(f"{c['retuned_gpus']} GPU(s) fell short and were kept with another --max-loras the twin passed")
+    if c.get("repacked_gpus"):
+        notes.append(f"{c['repacked_gpus']} GPU(s) fell short and their adapters were packed again (load margin up "
+                     f"to {c['margin']:.1%})")
+    if c.get("twin_packed_gpus"):
+        notes.append(f"{c['twin_packed_gpus']} GPU(s) packed by the twin itself")
+    return ("the twin's rounds: " + "; ".join(notes)) if notes else ""
 
 
 def adapter_path(p: Placement, adapter_id: str, adapter_dir: str) -> str:

@@ -25,10 +25,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from planner.confirm import DEFAULT_BAR, Progress, ServiceBar, replan_confirmed
+from planner.confirm import Progress, replan_confirmed
 from planner.greedy import plan_greedy
 from planner.packing import GpuGroup, PackRequest, a_max_limit, best_a_max, keeps_up
 from planner.placement import InstancePlan, Placement, adapter_rows, build_instances, engine_settings, plan_inputs
+from planner.verdict import DEFAULT_BAR, DEFAULT_RUN, ServiceBar, TwinRun
 from twin.errors import LoraPlannerError
 
 _SHARE_EPS = 1e-9
@@ -56,7 +57,7 @@ class _Slot:
 
 
 def replan(previous: Placement, workload_path, req: PackRequest, split_hot: bool = True, confirm: bool = False,
-           jobs: int = 1, bar: ServiceBar = DEFAULT_BAR, progress: Progress | None = None) -> Placement:
+           run: TwinRun = DEFAULT_RUN, bar: ServiceBar = DEFAULT_BAR, progress: Progress | None = None) -> Placement:
     """Re-plan ``req``'s workload from ``previous``; with ``confirm``, every GPU of the result is checked
     in the twin and the whole re-plan reruns with a load margin while one falls short
     (:func:`planner.confirm.replan_confirmed`)."""
@@ -67,12 +68,12 @@ def replan(previous: Placement, workload_path, req: PackRequest, split_hot: bool
 
     confirmation = None
     if confirm:
-        labelled, confirmation = replan_confirmed(req, assign, jobs, bar, progress)
+        labelled, confirmation = replan_confirmed(req, assign, run, bar, progress)
     else:
         labelled = assign(req, set())
     by_id = {p.instance_id: p for p in previous.instances}
     kept = [by_id[prev_id] for prev_id, _ in labelled if prev_id is not None]  # first in ``labelled``
-    instances = build_instances(req, [g for _, g in labelled])
+    instances = build_instances(req, [g for _, g in labelled], twin=confirmation and confirmation.rows)
     restarted = {prev.instance_id for inst, prev in zip(instances, kept) if _take_over(inst, prev)}
     restarted |= _name_new_instances(previous, instances[len(kept):], {p.instance_id for p in kept})
     instances.sort(key=lambda i: _instance_number(i.instance_id))

@@ -16,7 +16,9 @@ from twin.profile import Profile
 from twin.workload import Adapter, Workload
 
 REQUIRED = ("adapter_id", "rank", "rate_rps")
-OPTIONAL = ("input_tokens", "output_tokens", "path")
+OPTIONAL = ("input_tokens", "output_tokens", "path", "max_ttft_s", "max_tpot_ms")
+#: Per-adapter SLO columns: (what it is, unit) for the messages.
+SLO_COLUMNS = {"max_ttft_s": "p99 time to first token, seconds", "max_tpot_ms": "p99 time per output token, ms"}
 
 
 def _fail(path, line: int | None, column: str | None, msg: str) -> WorkloadError:
@@ -85,18 +87,25 @@ def read_workload(path: str | os.PathLike, profile: Profile | None = None) -> Wo
         for c in ("input_tokens", "output_tokens"):
             v = get.get(c, "")
             lengths[c] = _number(path, lineno, c, v, "mean tokens per request, >= 1", minimum=1.0) if v else None
+        slo = {}
+        for c, what in SLO_COLUMNS.items():
+            v = get.get(c, "")
+            slo[c] = _number(path, lineno, c, v, f"{what}, > 0; leave it empty for the plan's", minimum=0.0,
+                             positive=True) if v else None
         adapters.append(Adapter(aid, rank, rate, lengths["input_tokens"], lengths["output_tokens"],
-                                get.get("path") or None))
+                                get.get("path") or None, slo["max_ttft_s"], slo["max_tpot_ms"]))
     if not adapters:
         raise _fail(path, 2, None, "the file has a header but no adapters; add one row per adapter")
+    if not any(a.rate_rps > 0 for a in adapters):
+        raise _fail(path, None, "rate_rps", "is 0 for every adapter: there is no traffic to plan for")
     return Workload(tuple(adapters))
 
 
-def _number(path, line, column, text, what, minimum) -> float:
+def _number(path, line, column, text, what, minimum, positive=False) -> float:
     try:
         v = float(text)
     except ValueError:
         raise _fail(path, line, column, f"'{text}' is not a number ({what})") from None
-    if not math.isfinite(v) or v < minimum:
+    if not math.isfinite(v) or v < minimum or positive and v <= 0:
         raise _fail(path, line, column, f"{text} is not valid ({what})")
     return v

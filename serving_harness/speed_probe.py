@@ -4,14 +4,12 @@ A shared CPU VM gives an engine a speed that moves from one stretch of minutes t
 benchmarks/engine_speed_drift.py). The probe — PROBE_REQUESTS requests of one adapter sent together,
 PROMPT prompt tokens and OUTPUT output tokens each — is small enough to run right before and after a
 validation case (or a ``planner verify`` engine's traffic). Real probe ITL over the twin's probe ITL is
-the machine's speed relative to the profile at that time: :func:`at_speed` scales the twin's step
+the machine's speed relative to the profile at that time: ``Profile.slowed`` scales the twin's step
 latency by it, so a case can be scored against a twin that knows how fast the machine was, measured
 apart from the case itself.
 """
 
 from __future__ import annotations
-
-from dataclasses import replace
 
 import numpy as np
 
@@ -58,12 +56,3 @@ def speed_vs_profile(profile: Profile, adapter: str, rank: int, a_max: int, max_
     twin's probe ITL."""
     twin = twin_probe_itl_ms(profile, adapter, rank, a_max, max_lora_rank)
     return float(geomean(real_itl_ms)) / twin, twin
-
-
-def at_speed(profile: Profile, factor: float) -> Profile:
-    """``profile`` on a machine ``factor`` times as slow: every step-latency term scaled. The arrival delay,
-    the scheduler's per-waiting-request cost and the adapter load times are kept: the probe times decode
-    steps only."""
-    s = profile.step_latency
-    return replace(profile, step_latency=replace(s, k4=s.k4 * factor, k5=s.k5 * factor, kp=s.kp * factor,
-                                                 l0=s.l0 * factor, l1=s.l1 * factor, l2=s.l2 * factor, l3=s.l3 * factor))

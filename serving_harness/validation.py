@@ -37,7 +37,7 @@ from serving_harness.calibration import (
 from serving_harness.engine import Engine, EngineConfig
 from serving_harness.loadgen import measure, run_load, summarise
 from serving_harness.metrics import wait_idle
-from serving_harness.speed_probe import at_speed, real_probe_itl_ms, speed_vs_profile
+from serving_harness.speed_probe import real_probe_itl_ms, speed_vs_profile
 from serving_harness.synth import model_shape, write_adapters
 from twin.atomic import json_safe, recorded_path, write_bytes_atomic, write_json_atomic, write_text_atomic
 from twin.errors import BadInputError
@@ -268,7 +268,7 @@ def at_probe_speed(profile: Profile, row: dict, run: RecordedRun, duration_s: fl
     factor, twin_probe = speed_vs_profile(profile, probe["adapter"], probe["rank"], row["a_max"], row["max_lora_rank"],
                                           probe["itl_ms"])
     return {"speed": {"real_probe_itl_ms": probe["itl_ms"], "twin_probe_itl_ms": twin_probe, "factor": factor},
-            "twin_at_speed": twin_result(at_speed(profile, factor), run, duration_s, warmup_s)}
+            "twin_at_speed": twin_result(profile.slowed(factor), run, duration_s, warmup_s)}
 
 
 METRICS = (("throughput", "total_throughput_tok_s"), ("itl", "itl_ms_mean"), ("ttft", "ttft_ms_mean"))

@@ -213,7 +213,7 @@ def test_probed_speed_rescales_the_twin(make_profile):
 
     prof = make_profile(**{"step_latency_ms": {"k4_ms_per_request": 0.5, "k5_ms": 8.0, "kp_ms_per_prompt_token": 0.02},
                            "engine.max_num_batched_tokens": 512})
-    slow = speed_probe.at_speed(prof, 1.4)
+    slow = prof.slowed(1.4)
     wl = Workload((Adapter("a", 8, 20.0, 50, 20), Adapter("b", 8, 10.0, 80, 10)))
     req = draw_requests(wl, 20.0, seed=3)
     real = simulate(wl, slow, SimConfig(a_max=2, duration_s=20.0, warmup_s=2.0), requests=req).to_dict()

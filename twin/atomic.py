@@ -6,26 +6,60 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from twin.errors import BadInputError
+
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """Replace ``path`` with ``data`` in one rename. A file replaced keeps its permission bits; a new one gets
+    the ones the umask leaves (as ``open`` would give it), not the temporary file's private 0600."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
+        mode = 0o666 & ~_umask()
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+            os.fchmod(f.fileno(), mode)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def check_writable(path: str | os.PathLike, what: str) -> None:
+    """Refuse, before any work, an output path that cannot be written: a directory, one under a missing
+    directory or a file, or in a directory that takes no new file."""
+    path = Path(path)
+    parent = path.parent
+    if path.is_dir():
+        raise BadInputError(f"{what} {path} is a directory; give a file name")
+    if not parent.is_dir():
+        why = "is a file" if parent.exists() else "does not exist"
+        raise BadInputError(f"{what} {path}: the directory {parent} {why}; create it or choose another path")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=parent)
+    except OSError as exc:
+        raise BadInputError(f"{what} {path}: cannot write in {parent} ({exc.strerror})") from None
+    os.close(fd)
+    os.unlink(tmp)
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:

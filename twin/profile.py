@@ -174,6 +174,11 @@ class StepLatency:
             return self
         return replace(self, l0=self.l0 + self.l3 * a_max * max_lora_rank, l3=0.0)
 
+    def scaled(self, factor: float) -> StepLatency:
+        """Every step cost times ``factor`` (a GPU that many times as slow); the arrival delay is no step cost."""
+        return replace(self, k4=self.k4 * factor, k5=self.k5 * factor, kp=self.kp * factor, l0=self.l0 * factor,
+                       l1=self.l1 * factor, l2=self.l2 * factor, l3=self.l3 * factor)
+
     def as_array(self) -> list[float]:
         """The twin's coefficient array; the arrival delay is appended only when set, so profiles
         without it keep their array (and their datasets' simulation hash)."""
@@ -280,6 +285,20 @@ class Profile:
     #: Benchmarked max input+output tok/s of the backbone without LoRA (what MaxBase packs to); optional.
     backbone_max_throughput_tok_s: float | None = None
     policy_terms: PolicyTerms = field(default_factory=PolicyTerms)
+    #: How a plan stays safe with this profile (``planning`` in the JSON): ``slowdown``, how much slower
+    #: than its twin a real engine of this profile may run (a plan judges each GPU on a twin that much
+    #: slower), and ``slo_slowdown``, the same for a latency SLO's verdict, with the ``evidence``.
+    planning: dict[str, Any] = field(default_factory=dict)
+
+    def planning_slowdown(self, objective: str = "slo") -> float:
+        """The safety slowdown a plan with this objective ("slo" or "throughput") judges GPUs with."""
+        base = float(self.planning.get("slowdown", 1.0))
+        return float(self.planning.get("slo_slowdown", base)) if objective == "slo" else base
+
+    def slowed(self, factor: float) -> Profile:
+        """This profile on a machine ``factor`` times as slow: every step-latency term scaled. The arrival
+        delay, the scheduler's per-request cost and the adapter load times are kept."""
+        return self if factor == 1.0 else replace(self, step_latency=self.step_latency.scaled(factor))
 
     def with_latency_variant(self, name: str) -> Profile:
         """This profile with another step-latency model (e.g. the study's own constants)."""
@@ -522,4 +541,16 @@ def profile_from_dict(raw: Any, where: str = "profile") -> Profile:
         backbone_max_throughput_tok_s=(r.num("backbone_max_throughput_tok_s", positive=True)
                                        if r.get("backbone_max_throughput_tok_s", None) is not None else None),
         policy_terms=policy_terms,
+        planning=_planning(r),
     )
+
+
+def _planning(r) -> dict[str, Any]:
+    """The ``planning`` section: a ``slowdown`` >= 1 and what it was sized from."""
+    raw = r.get("planning", None)
+    if raw is None:
+        return {}
+    p = r.sub("planning")
+    p.num("slowdown", 1.0, min_value=1.0)
+    p.num("slo_slowdown", 1.0, min_value=1.0)
+    return dict(raw)

@@ -17,6 +17,9 @@ class Adapter:
     input_tokens: float | None = None  # mean prompt length; None = workload/profile default
     output_tokens: float | None = None  # mean generation length
     path: str | None = None
+    # The adapter's own latency SLO, tighter than the plan's (the planner reads it; the twin does not)
+    max_ttft_s: float | None = None  # p99 time to first token, s
+    max_tpot_ms: float | None = None  # p99 time per output token, ms
 
 
 @dataclass(frozen=True)
