@@ -50,7 +50,7 @@ PEAK_WRAPPER = ("import resource, subprocess, sys; rc = subprocess.run(sys.argv[
 def run_measured(cmd: list[str], cwd: Path, stdout=subprocess.DEVNULL) -> tuple[int, float, float, str]:
     """(exit code, wall s, peak MB, stderr) of ``cmd`` as a fresh process."""
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", PEAK_WRAPPER, *cmd], cwd=cwd, stdout=stdout,
+    proc = subprocess.run([sys.executable, "-c", PEAK_WRAPPER, *cmd], check=False, cwd=cwd, stdout=stdout,
                           stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
     wall = time.perf_counter() - t0
     lines = proc.stderr.strip().splitlines()
@@ -106,7 +106,7 @@ def case(family: str, n: int, seed: int, profile_id: str, work: Path, evaluate: 
         worst_ttft_ms=conf["worst_ttft_ms_p99"], worst_tpot_ms=conf["worst_tpot_ms_p99"])
     if evaluate:
         t0 = time.perf_counter()
-        proc = subprocess.run([*planner, "evaluate", str(plan), str(csv), "--seed", "1", "--json"], cwd=ROOT,
+        proc = subprocess.run([*planner, "evaluate", str(plan), str(csv), "--seed", "1", "--json"], check=False, cwd=ROOT,
                               capture_output=True, text=True, stdin=subprocess.DEVNULL)
         ev = json.loads(proc.stdout)
         row.update(evaluate_exit=proc.returncode, evaluate_failing=ev["failing"], evaluate_starving=ev["starving"],

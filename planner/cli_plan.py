@@ -53,18 +53,12 @@ def load_predictor_for(profile, kind: str, policy=None):
 
 
 def _stderr(msg: str) -> None:
-    click.echo(msg, err=True)
-
-
-def _tty_counter(what: str):
-    """A (done, of) progress callback that redraws one line on a terminal (nothing otherwise)."""
-    if not sys.stderr.isatty():
-        return None
-
-    def report(done: int, of: int) -> None:
-        click.echo(f"\r  {what}: {done}/{of} GPUs simulated", err=True, nl=done == of)
-
-    return report
+    """Progress to stderr; a transient line (starting with a carriage return) only on a terminal, redrawn."""
+    tty = sys.stderr.isatty()
+    if not msg.startswith("\r"):
+        click.echo(("\r\x1b[K" if tty else "") + msg, err=True)  # over a transient line, if one is drawn
+    elif tty:
+        click.echo(f"{msg}\x1b[K", err=True, nl=False)
 
 
 @click.command(epilog=PLAN_EPILOG)
@@ -134,6 +128,7 @@ def plan(workload, profile_id, gpus, algorithm, predictor_kind, policy, policy_p
                        jobs=jobs_or_cores(jobs), **slo_settings(objective, max_ttft, max_tpot, min_served, slowdown))
     t0 = time.perf_counter()
     placement = make_plan(workload, wl, profile, predictor, opts, progress=_stderr)
+    _stderr("\r")  # clear a counter line left on a terminal
     placement.inputs["plan_wall_s"] = round(time.perf_counter() - t0, 6)
     doc = placement.to_dict()
     s = placement.summary()
@@ -197,7 +192,9 @@ def evaluate(placement_file, workload, profile_id, duration, seed, arrivals, pol
                    max_ttft_s=max_ttft, max_tpot_ms=max_tpot, slowdown=slowdown)
     run = TwinRun(duration, seed, UnpredictableArrivals() if arrivals == "unpredictable" else None, jobs_or_cores(jobs))
     spec = policy_from_cli(policy, policy_params, placement.inputs.get("policy"))
-    ev = evaluate_placement(placement, wl, profile, bar, run, spec, progress=None if as_json else _tty_counter("twin"))
+    ev = evaluate_placement(placement, wl, profile, bar, run, spec,
+                            progress=lambda done, of: _stderr(f"\rtwin: {done}/{of} GPUs simulated"))
+    _stderr("\r")
     if as_json:
         print_json(ev.to_dict())
     else:
@@ -291,6 +288,7 @@ def replan(workload, previous_file, out, profile_id, gpus, predictor_kind, headr
         req = pack_request(wl, profile, load_predictor_for(profile, predictor_kind, policy), opts)
         placement = run_replan(previous, workload, req, split_hot=split_hot, confirm=confirm, run=opts.run, bar=bar,
                                progress=_stderr)
+        _stderr("\r")
         doc = placement.to_dict()
         write_json_atomic(out, doc)
     if as_json:

@@ -223,13 +223,14 @@ def replan_confirmed(req: PackRequest, assign: Callable[[PackRequest, set[str]],
 
 
 def _counter(progress: Progress | None, what: str) -> Callable[[int, int], None] | None:
-    """A (done, of) callback that reports every tenth of the way through ``progress``."""
+    """A (done, of) callback for ``progress``: a transient line (it starts with a carriage return, so a
+    terminal redraws it and a log may leave it out), every hundredth of the way."""
     if progress is None:
         return None
 
     def report(done: int, of: int) -> None:
-        if of >= 20 and (done == of or done % max(1, of // 10) == 0):
-            progress(f"{what}: {done}/{of} GPUs simulated")
+        if of >= 20 and (done == of or done % max(1, of // 100) == 0):
+            progress(f"\r{what}: {done}/{of} GPUs simulated")
 
     return report
 

@@ -45,11 +45,17 @@ def test_slot_term_folds_into_the_servers_step():
         profile_from_dict(d)
 
 
-def test_qwen_profile_carries_the_real_run_terms_and_llama_keeps_its_hash():
+def test_both_h100_profiles_carry_the_real_run_terms_with_their_own_k7():
     qwen, llama = load_profile("h100-64gb-qwen2.5-7b"), load_profile("h100-64gb-llama-3.1-8b")
-    assert qwen.default_length_cv == 0.9 and qwen.step_latency.l3 == 0.003 and qwen.step_latency.k7 == 100.0
-    assert qwen.with_latency_variant("eq1").step_latency.k7 > 150  # the study's multiplicative form, kept
-    assert llama.default_length_cv == 0.0 and llama.step_latency.l3 == 0.0
+    for p in (qwen, llama):
+        assert p.default_length_cv == 0.9 and p.step_latency.l3 == 0.003 and p.step_latency.k7 == 100.0
+        assert p.step_latency.l0 == 3.4
+        assert p.with_latency_variant("eq1").step_latency.k7 > 150  # the study's multiplicative form, kept
+    # l1 matches each model's own eq. 1 LoRA share at the profiling batch of 220
+    for p in (qwen, llama):
+        eq1 = p.with_latency_variant("eq1").step_latency
+        assert 3.4 + p.step_latency.l1 * 220 == pytest.approx((eq1.k7 / 100 - 1) * (eq1.k5 + eq1.k4 * 220))
+    assert llama.step_latency.l1 > qwen.step_latency.l1  # Llama's K7 (200 %) is above Qwen's (178 %)
     assert simulation_hash(llama) == LLAMA_HASH
 
 

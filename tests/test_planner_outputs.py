@@ -10,9 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from planner.cli import main
-from planner.packing import PackRequest
 from planner.placement import read_placement
-from planner.plan import PlanOptions, make_plan
+from planner.plan import PlanOptions, make_plan, pack_request
 from planner.render import render_table, render_vllm
 from planner.replan import AlreadyRunningError, exclusive, replan
 from tests.planner_helpers import CapacityPredictor, workload
@@ -38,7 +37,16 @@ def plan_for(tmp_path, profile, rates, name="w.csv"):
     from planner.workload_csv import read_workload
 
     wl = read_workload(csv, profile)
-    return csv, make_plan(csv, wl, profile, CapacityPredictor(), PlanOptions())
+    return csv, make_plan(csv, wl, profile, CapacityPredictor(), CAPACITY_ONLY)
+
+
+#: Plans by the capacity model alone (these tests check packing and its outputs, not serving fidelity).
+CAPACITY_ONLY = PlanOptions(confirm=False, slowdown=1.0)
+
+
+def capacity_request(wl, profile):
+    """What `planner replan` asks of the capacity model (the plan's bar, as ``plan_for`` packs)."""
+    return pack_request(wl, profile, CapacityPredictor(), CAPACITY_ONLY)
 
 
 def test_placement_json_round_trip_and_router(tmp_path, profile):
@@ -92,7 +100,7 @@ def test_renderers(tmp_path, profile):
 
 def test_replan_of_the_same_workload_changes_nothing(tmp_path, profile):
     csv, p = plan_for(tmp_path, profile, [1.0] * 25)
-    req = PackRequest.build(workload([1.0] * 25), profile, CapacityPredictor(), 1000)
+    req = capacity_request(workload([1.0] * 25), profile)
     new = replan(p, csv, req)
     ch = new.changes
     assert ch["moved_adapters"] == [] and ch["restarts"] == [] and ch["new_instances"] == []
@@ -104,7 +112,7 @@ def test_replan_moves_little_and_reports_changes(tmp_path, profile):
     rates = [1.0] * 25
     rates[0] = 4.0  # ad-0's GPU no longer keeps up: one adapter has to go
     rates += [1.0] * 8  # 8 new adapters: 800 tok/s more
-    new = replan(p, csv, PackRequest.build(workload(rates), profile, CapacityPredictor(), 1000))
+    new = replan(p, csv, capacity_request(workload(rates), profile))
     ch = new.changes
     assert set(ch["added_adapters"]) == {f"ad-{i}" for i in range(25, 33)}
     assert len(ch["moved_adapters"]) <= 2
@@ -120,7 +128,7 @@ def test_replan_gives_an_emptied_gpu_to_a_new_group(tmp_path, profile):
     gone = set(p.instances[0].adapters)  # every adapter of the first GPU leaves the workload ...
     kept = [a for a in workload([1.0] * 25).adapters if a.adapter_id not in gone]
     fresh = [Adapter(f"new-{i}", 8, 1.0, 60.0, 40.0) for i in range(len(gone))]  # ... and as many new ones arrive
-    req = PackRequest.build(Workload(tuple(kept + fresh)), profile, CapacityPredictor(), 1000)
+    req = capacity_request(Workload(tuple(kept + fresh)), profile)
     new = replan(p, csv, req)
     ch = new.changes
     first = p.instances[0].instance_id
@@ -149,7 +157,7 @@ def test_cli_plan_evaluate_replan_with_the_twin(tmp_path):
     out = tmp_path / "plan.json"
     res = r.invoke(main, ["plan", SMALL, "--predictor", "twin", "--out", str(out)])
     assert res.exit_code == 0, res.output
-    assert "every GPU keeps up" in res.output and out.exists()
+    assert "every GPU meets the SLO" in res.output and out.exists()
     res = r.invoke(main, ["evaluate", str(out), SMALL, "--duration", "600", "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["ok"] is True

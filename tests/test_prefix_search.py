@@ -11,6 +11,7 @@ from models.predictor import load_predictor
 from planner.greedy import plan_greedy
 from planner.packing import PackRequest
 from planner.prefix_search import PrefixSearch
+from planner.verdict import ServiceBar
 from tests.planner_helpers import workload
 from twin import InfeasibleError, load_profile
 from twin.policies import policy_from_name
@@ -59,9 +60,13 @@ def test_compiled_search_plans_as_best_a_max(llama, monkeypatch, kind, n, gpus, 
         assert any(s < 1 for g, _ in fast for _, s in g)
 
 
-def test_compiled_search_with_margin_min_ratio_and_partial_shares(llama, monkeypatch):
-    req = PackRequest.build(random_workload(400, 5), llama, load_predictor(llama, "small-tree"), 1000)
-    req = replace(req, margin=0.3, min_ratio=0.95)
+@pytest.mark.parametrize("kind", ["small-tree", "surrogate"])
+def test_compiled_search_with_margin_slo_and_partial_shares(llama, monkeypatch, kind):
+    """The served-share bar, the latency forest (the full surrogate's) and some adapters' own TTFT limits."""
+    req = PackRequest.build(random_workload(400, 5), llama, load_predictor(llama, kind), 1000)
+    own = np.full(400, np.nan)
+    own[::7] = 0.4
+    req = replace(req, margin=0.3, bar=ServiceBar(), adapter_ttft_s=own)
     entries = [(i, 0.5 if i % 3 == 0 else 1.0) for i in range(0, 400, 2)]
     fast, _ = plan(req, monkeypatch, True, entries=entries)
     slow, _ = plan(req, monkeypatch, False, entries=entries)

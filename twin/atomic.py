@@ -3,6 +3,7 @@ outputs name the files they came from."""
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -17,8 +18,14 @@ from twin.errors import BadInputError
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
-    """Replace ``path`` with ``data`` in one rename. A file replaced keeps its permission bits; a new one gets
-    the ones the umask leaves (as ``open`` would give it), not the temporary file's private 0600."""
+    """Replace ``path`` with ``data`` in one rename (see :func:`write_atomic`)."""
+    write_atomic(path, lambda f: f.write(data))
+
+
+def write_atomic(path: str | os.PathLike, fill) -> None:
+    """Replace ``path`` in one rename with what ``fill(binary file)`` writes. A file replaced keeps its
+    permission bits; a new one gets the ones the umask leaves (as ``open`` would give it), not the
+    temporary file's private 0600."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -28,7 +35,7 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            fill(f)
             f.flush()
             os.fsync(f.fileno())
             os.fchmod(f.fileno(), mode)
@@ -80,7 +87,14 @@ def json_safe(obj: Any) -> Any:
 
 
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
-    write_text_atomic(path, json.dumps(obj, indent=1, allow_nan=False) + "\n")
+    """Indented JSON, streamed to the file (a plan of 100,000 adapters is never one string in memory)."""
+    def fill(f) -> None:
+        text = io.TextIOWrapper(f, encoding="utf-8", write_through=True)
+        json.dump(obj, text, indent=1, allow_nan=False)
+        text.write("\n")
+        text.detach()
+
+    write_atomic(path, fill)
 
 
 def recorded_path(path: str | os.PathLike, root: str | os.PathLike) -> str:
