@@ -98,6 +98,7 @@ def simulate(workload, a_max, profile_id, duration, warmup, seed, arrivals, inpu
     With --turns, stock vLLM recomputes each turn's history (the profiles run without prefix
     caching); --policy elora keeps it, swapped to host memory when the pool needs room.
     """
+    from planner.packing import mean_lengths
     from planner.workload_csv import read_workload
     from twin import (
         DEFAULT_PROFILE_ID,
@@ -111,6 +112,7 @@ def simulate(workload, a_max, profile_id, duration, warmup, seed, arrivals, inpu
 
     profile = load_profile(profile_id or DEFAULT_PROFILE_ID).with_latency_variant(latency_model)
     wl = read_workload(workload, profile)
+    mean_lengths(wl, profile, input_tokens, output_tokens)  # a request that cannot fit is bad input
     cfg = SimConfig(
         a_max=a_max, duration_s=duration, warmup_s=warmup, seed=seed,
         arrivals=UnpredictableArrivals() if arrivals == "unpredictable" else PoissonArrivals(),

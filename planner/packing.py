@@ -50,12 +50,8 @@ class PackRequest:
     def build(cls, workload: Workload, profile: Profile, predictor: Predictor, max_gpus: int,
               headroom: float = 0.0, input_tokens: float | None = None, output_tokens: float | None = None,
               seed: int = 0) -> PackRequest:
-        d_in = input_tokens or profile.default_input_tokens
-        d_out = output_tokens or profile.default_output_tokens
         ads = workload.adapters
-        ins = np.array([a.input_tokens or d_in for a in ads], float)
-        outs = np.array([a.output_tokens or d_out for a in ads], float)
-        check_lengths(workload, profile, ins, outs)
+        ins, outs = mean_lengths(workload, profile, input_tokens, output_tokens)
         return cls(
             workload=workload, profile=profile, predictor=predictor, max_gpus=max_gpus,
             ranks=workload.ranks,
@@ -85,8 +81,15 @@ class PackRequest:
         return self.rates_rps * (self.input_tokens + self.output_tokens)
 
 
-def check_lengths(workload: Workload, profile: Profile, ins: np.ndarray, outs: np.ndarray) -> None:
-    """A request of an adapter's mean lengths must fit the engine's context (vLLM refuses a longer one)."""
+def mean_lengths(workload: Workload, profile: Profile, input_tokens: float | None = None,
+                 output_tokens: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Per adapter: mean prompt and output tokens (its own, else ``input_tokens``/``output_tokens``, else the
+    profile's defaults), checked to fit the engine's context: vLLM refuses a longer request, so a workload
+    whose mean request does not fit is bad input (BadInputError naming the adapter)."""
+    d_in = input_tokens or profile.default_input_tokens
+    d_out = output_tokens or profile.default_output_tokens
+    ins = np.array([a.input_tokens or d_in for a in workload.adapters], float)
+    outs = np.array([a.output_tokens or d_out for a in workload.adapters], float)
     limit = profile.engine.max_model_len
     too_long = np.flatnonzero(ins + outs > limit)
     if too_long.size:
@@ -95,6 +98,7 @@ def check_lengths(workload: Workload, profile: Profile, ins: np.ndarray, outs: n
                             f"output tokens does not fit max_model_len {limit} of profile {profile.profile_id}; vLLM "
                             "would refuse it (shorten input_tokens/output_tokens, or plan with a profile of a longer "
                             f"context){f' ({too_long.size} adapters in all)' if too_long.size > 1 else ''}")
+    return ins, outs
 
 
 @dataclass
