@@ -19,7 +19,11 @@ policy).tokens_for`` first; a scenario the engine cannot start with raises
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import multiprocessing
+import os
+import signal
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -111,8 +115,15 @@ class TwinPredictor:
                       self.arrivals)
         if self.jobs > 1 and n > 1:
             ctx = multiprocessing.get_context("fork")  # workers inherit the compiled twin: no start-up compile
-            with ProcessPoolExecutor(min(self.jobs, n), mp_context=ctx) as pool:
+            pool = ProcessPoolExecutor(min(self.jobs, n), mp_context=ctx, initializer=die_with_parent)
+            try:
                 out = self._collect(pool.map(one, scenarios, chunksize=max(1, n // (8 * self.jobs))), n)
+            except BaseException:  # Ctrl-C or an error: drop the queued scenarios instead of finishing them
+                pool.shutdown(wait=False, cancel_futures=True)
+                for proc in list(getattr(pool, "_processes", {}).values()):
+                    proc.kill()
+                raise
+            pool.shutdown()
         else:
             out = self._collect(map(one, scenarios), n)
         res = np.array(out, float).reshape(n, 5)
@@ -127,6 +138,18 @@ class TwinPredictor:
             if self.progress:
                 self.progress(len(out), n)
         return out
+
+
+def die_with_parent() -> None:
+    """In a worker process: have the kernel kill it when its parent dies (Linux ``PR_SET_PDEATHSIG``), so no
+    worker outlives a planner command stopped by SIGTERM, SIGKILL or a crash."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the pool's own shutdown has to do
+        return
+    if os.getppid() == 1:  # the parent died before the call: nothing would signal this worker
+        os._exit(1)
 
 
 def _simulate(profile: Profile, duration_s: float, seed: int, policy: PolicySpec | None, arrivals,

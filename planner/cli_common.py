@@ -69,8 +69,8 @@ def slo_options(fn):
     fn = click.option("--min-served", "min_served", type=click.FloatRange(STARVATION_THRESHOLD, 1.0, max_open=True),
                       default=None, metavar="FRACTION",
                       help="Share of its arriving tokens each GPU must serve in the twin [0.95]. Down to 0.9 (the "
-                           "starvation rule; the paper's greedy packs that densely); a GPU under 0.95 must meet it "
-                           "with four more arrival seeds.")(fn)
+                           "starvation rule; the paper's greedy packs that densely); a GPU near its limit must meet "
+                           "it with four more arrival seeds.")(fn)
     fn = click.option("--max-tpot", "max_tpot", type=click.FloatRange(min=0, min_open=True), default=None,
                       metavar="MS", help="The SLO's p99 time per output token in the twin [200 ms with --objective "
                                          "slo]; a workload's max_tpot_ms column tightens it per adapter.")(fn)
@@ -103,3 +103,26 @@ def slo_settings(objective: str, max_ttft: float | None, max_tpot: float | None,
 
 def jobs_or_cores(jobs: int | None) -> int:
     return jobs or os.cpu_count() or 1
+
+
+def render_options(fn):
+    """``--format``, ``--json``, ``--model``, ``--adapter-dir`` and ``--port-base``: how a placement is shown
+    (planner.render.render)."""
+    fn = click.option("--port-base", type=click.IntRange(1, 65535), default=8000, show_default=True,
+                      help="--format vllm: port of the first server; one more per GPU.")(fn)
+    fn = click.option("--adapter-dir", default="adapters", show_default=True,
+                      help="--format vllm: where adapters without a 'path' column live (DIR/<adapter_id>).")(fn)
+    fn = click.option("--model", default=None, help="--format vllm: the model path or name [the profile's model].")(fn)
+    fn = click.option("--json", "as_json", is_flag=True, help="Same as --format json.")(fn)
+    return click.option("--format", "fmt", type=click.Choice(["table", "json", "vllm"]), default="table",
+                        show_default=True,
+                        help="What to print: a table, the placement JSON, or one vLLM server command per GPU.")(fn)
+
+
+def show_placement(placement, profile, fmt: str, as_json: bool, model: str | None, port_base: int,
+                   adapter_dir: str) -> None:
+    """Print ``placement`` as the :func:`render_options` ask."""
+    from planner.render import render
+
+    click.echo(render(placement, "json" if as_json else fmt, model or profile.model.get("name", "MODEL"), port_base,
+                      adapter_dir))

@@ -13,6 +13,8 @@ from planner.cli_common import (
     policy_from_cli,
     policy_options,
     print_json,
+    render_options,
+    show_placement,
     slo_options,
     slo_settings,
     user_errors,
@@ -87,14 +89,7 @@ def _stderr(msg: str) -> None:
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random baseline.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="Write the placement JSON here (only when every GPU passes).")
-@click.option("--format", "fmt", type=click.Choice(["table", "json", "vllm"]), default="table", show_default=True,
-              help="What to print: a table, the placement JSON, or one vLLM server command per GPU.")
-@click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
-@click.option("--model", default=None, help="--format vllm: the model path or name [the profile's model].")
-@click.option("--adapter-dir", default="adapters", show_default=True,
-              help="--format vllm: where adapters without a 'path' column live (DIR/<adapter_id>).")
-@click.option("--port-base", type=click.IntRange(1, 65535), default=8000, show_default=True,
-              help="--format vllm: port of the first server; one more per GPU.")
+@render_options
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Write a PNG of each GPU's load, served share and p99 TTFT against the SLO (needs matplotlib).")
 @user_errors
@@ -113,7 +108,6 @@ def plan(workload, profile_id, gpus, algorithm, predictor_kind, policy, policy_p
     adapters share one pool) and the placement records it.
     """
     from planner.plan import PlanOptions, make_plan
-    from planner.render import render_table, render_vllm
     from planner.workload_csv import read_workload
     from twin import DEFAULT_PROFILE_ID, InfeasibleError, load_profile
     from twin.atomic import check_writable, write_json_atomic
@@ -130,23 +124,16 @@ def plan(workload, profile_id, gpus, algorithm, predictor_kind, policy, policy_p
     placement = make_plan(workload, wl, profile, predictor, opts, progress=_stderr)
     _stderr("\r")  # clear a counter line left on a terminal
     placement.inputs["plan_wall_s"] = round(time.perf_counter() - t0, 6)
-    doc = placement.to_dict()
     s = placement.summary()
     if out and s["all_ok"]:
-        write_json_atomic(out, doc)
+        write_json_atomic(out, placement.to_dict())
     if plot:
         from planner.plot import plot_placement
 
         plot_placement(placement, plot)
-    fmt = "json" if as_json else fmt
-    if fmt == "json":
-        print_json(doc)
-    elif fmt == "vllm":
-        click.echo(render_vllm(placement, model or profile.model.get("name", "MODEL"), port_base, adapter_dir))
-    else:
-        click.echo(render_table(placement))
-        if out and s["all_ok"]:
-            click.echo(f"placement written to {out}")
+    show_placement(placement, profile, fmt, as_json, model, port_base, adapter_dir)
+    if out and s["all_ok"] and fmt == "table" and not as_json:
+        click.echo(f"placement written to {out}")
     if not s["all_ok"]:
         raise InfeasibleError(f"the {algorithm} plan has {s['failing']} GPU(s) that fail "
                               f"({s['memory_errors']} would not start); no placement written")
@@ -231,7 +218,10 @@ def _millis(ms: float | None) -> str:
 REPLAN_EPILOG = """\b
 Example (nightly, from cron; keeps plan.json untouched when anything fails):
   15 2 * * *  cd /srv/fleet && planner replan next-day.csv --previous plan.json --out plan.json \\
-              >> replan.log 2>&1
+              --max-moves 5% >> replan.log 2>&1
+\b
+Exit codes: 0 written · 2 bad input · 3 no re-plan passes (not enough --gpus) · 4 another re-plan
+holds the lock on --out (nothing was done). On any failure the files are left as they were.
 """
 
 
@@ -248,25 +238,34 @@ Example (nightly, from cron; keeps plan.json untouched when anything fails):
 @click.option("--headroom", type=click.FloatRange(min=0), default=0.0, show_default=True,
               help="Plan for rates this fraction above the workload's.")
 @click.option("--split-hot/--no-split-hot", default=True, show_default=True)
+@click.option("--max-moves", default=None, metavar="N|P%",
+              help="Adapters that may move to save GPUs: a count or a share of the workload's [no limit]. Moves "
+                   "the SLO forces (a GPU that falls short) are made anyway.")
+@click.option("--max-restarts", type=click.IntRange(min=0), default=None,
+              help="Engines that may restart to keep their adapters in place [no limit].")
+@click.option("--gpu-tolerance", type=click.IntRange(min=0), default=0, show_default=True,
+              help="GPUs above a fresh plan of the same day accepted without consolidating.")
 @confirm_options
-@click.option("--json", "as_json", is_flag=True, help="Print the new placement JSON.")
+@render_options
 @user_errors
-def replan(workload, previous_file, out, profile_id, gpus, predictor_kind, headroom, split_hot, confirm, objective,
-           max_ttft, max_tpot, min_served, slowdown, jobs, as_json) -> None:
-    """Re-plan for WORKLOAD starting from the deployed placement, moving as little as possible.
+def replan(workload, previous_file, out, profile_id, gpus, predictor_kind, headroom, split_hot, max_moves, max_restarts,
+           gpu_tolerance, confirm, objective, max_ttft, max_tpot, min_served, slowdown, jobs, fmt, as_json, model,
+           adapter_dir, port_base) -> None:
+    """Re-plan for WORKLOAD from the deployed placement: every GPU passes, then the fewest GPUs, then the least churn.
 
-    Adapters stay where they are while their GPU passes; engines restart only when --max-loras,
-    --max-lora-rank or --max-cpu-loras must change. The new placement's 'changes' section lists,
-    per GPU, the adapters to load and unload and whether to restart. Refuses to run while another
-    re-plan writes the same --out; on any failure the files are left as they were. The GPUs keep the
-    serving policy the previous plan records. Every GPU is judged in the twin as `planner plan` judges
-    it, by the previous plan's SLO unless --objective, --max-ttft, --max-tpot or --min-served say
-    otherwise; while a GPU falls short the re-plan reruns with a load margin.
+    Every GPU is judged in the twin as `planner plan` judges it (by the previous plan's SLO unless
+    --objective, --max-ttft, --max-tpot or --min-served say otherwise). A GPU that still passes is left
+    alone, so the same workload changes nothing. One that falls short gives up its hottest adapters (or
+    restarts with another --max-loras); new and given-up adapters go where there is room, else to new
+    GPUs; while a fresh plan of the day would need fewer GPUs (plus --gpu-tolerance), GPUs are emptied
+    into the others within --max-moves. The 'changes' section lists per GPU what loads, unloads and why
+    it restarts, and every moved adapter with its reason. Refuses to run while another re-plan writes the
+    same --out (exit 4); on any failure the files are left as they were.
     """
     from planner.evaluate import plan_bar
     from planner.placement import read_placement
     from planner.plan import PlanOptions, pack_request
-    from planner.replan import exclusive
+    from planner.replan import ChurnBudget, exclusive
     from planner.replan import replan as run_replan
     from planner.workload_csv import read_workload
     from twin import load_profile
@@ -286,21 +285,14 @@ def replan(workload, previous_file, out, profile_id, gpus, predictor_kind, headr
                            objective=bar.objective, max_ttft_s=bar.max_ttft_s, max_tpot_ms=bar.max_tpot_ms,
                            min_served=bar.min_served, slowdown=bar.slowdown)
         req = pack_request(wl, profile, load_predictor_for(profile, predictor_kind, policy), opts)
+        budget = ChurnBudget.parse(max_moves, max_restarts, gpu_tolerance, len(wl))
         placement = run_replan(previous, workload, req, split_hot=split_hot, confirm=confirm, run=opts.run, bar=bar,
-                               progress=_stderr)
+                               budget=budget, progress=_stderr)
         _stderr("\r")
-        doc = placement.to_dict()
-        write_json_atomic(out, doc)
-    if as_json:
-        print_json(doc)
-        return
-    ch = placement.changes
-    s = placement.summary()
-    click.echo(f"{s['adapters']} adapters on {s['gpus']} GPU(s) (was {len(previous.instances)}): "
-               f"{len(ch['moved_adapters'])} moved, {len(ch['added_adapters'])} added, "
-               f"{len(ch['dropped_adapters'])} dropped; restart {', '.join(ch['restarts']) or 'none'}; "
-               f"new {', '.join(ch['new_instances']) or 'none'}; stop {', '.join(ch['removed_instances']) or 'none'}")
-    click.echo(f"written to {out}")
+        write_json_atomic(out, placement.to_dict())
+    show_placement(placement, profile, fmt, as_json, model, port_base, adapter_dir)
+    if fmt == "table" and not as_json:
+        click.echo(f"written to {out}")
 
 
 VERIFY_EPILOG = """\b
@@ -385,3 +377,25 @@ def verify(placement_file, engine, duration, warmup, model, adapter_dir, synthes
                 click.echo(f"  decode speed (probe before and after): ITL {r.speed_vs_profile:.2f}x the profile's")
     if not all(r.holds for r in results):
         raise InfeasibleError("the plan does not hold on real engines (see above)")
+
+
+RENDER_EPILOG = """\b
+Examples:
+  planner render plan.json                                   # the table (and a re-plan's changes)
+  planner render plan.json --format vllm --model /models/llama-3.1-8b --adapter-dir /srv/adapters > launch.sh
+  planner render plan.json --json | jq '.router'
+"""
+
+
+@click.command(epilog=RENDER_EPILOG)
+@click.argument("placement_file", metavar="PLACEMENT.json", type=click.Path(dir_okay=False))
+@render_options
+@user_errors
+def render(placement_file, fmt, as_json, model, adapter_dir, port_base) -> None:
+    """Show a saved or re-planned placement: a table, its JSON, or one vLLM server command per GPU."""
+    from planner.placement import read_placement
+    from twin import load_profile
+
+    placement = read_placement(placement_file)
+    profile = load_profile(placement.inputs.get("profile_id"))
+    show_placement(placement, profile, fmt, as_json, model, port_base, adapter_dir)

@@ -28,7 +28,16 @@ import numpy as np
 from planner.greedy import Entry, plan_greedy
 from planner.packing import GpuGroup, PackRequest, a_max_candidates, group_scenario
 from planner.prefix_search import shares_of
-from planner.verdict import CONFIRM_RATIO, DEFAULT_BAR, DEFAULT_RUN, ServiceBar, TwinCheck, TwinRun, twin_check
+from planner.verdict import (
+    CONFIRM_RATIO,
+    DEFAULT_BAR,
+    DEFAULT_RUN,
+    EXTRA_SEEDS,
+    ServiceBar,
+    TwinCheck,
+    TwinRun,
+    twin_check,
+)
 from twin.errors import InfeasibleError
 
 #: Each new round raises the load factor (1 + margin) by at least this fraction; by this one when
@@ -106,7 +115,7 @@ class Confirmation:
 
         return {
             "by": "twin", "duration_s": self.run.duration_s, "seed": self.run.seed,
-            "seeds_below_default_ratio": list(self.bar.seeds[1:]), **self.bar.to_dict(),
+            "extra_seeds_near_the_edge": list(EXTRA_SEEDS), **self.bar.to_dict(),
             "margin": round(self.margin, 4), "rounds": self.rounds, "repacked_gpus": self.repacked,
             "retuned_gpus": self.retuned, "twin_packed_gpus": self.twin_packed,
             "failing_gpus": sum(r is None or not r["meets"] for r in self.rows),
@@ -130,11 +139,12 @@ def judged(req: PackRequest, groups: list[GpuGroup], run: TwinRun, bar: ServiceB
 
 
 def pack_confirmed(req: PackRequest, split_hot: bool = True, balance: bool = True, run: TwinRun = DEFAULT_RUN,
-                   bar: ServiceBar = DEFAULT_BAR,
-                   progress: Progress | None = None) -> tuple[list[GpuGroup], Confirmation]:
-    """Pack with :func:`plan_greedy`, keep the GPUs the twin passes (``bar``), and pack the adapters of the
-    others again with a larger ``req.margin`` (after :data:`SURROGATE_ROUNDS`, with the twin as the
-    predictor) until every GPU passes.
+                   bar: ServiceBar = DEFAULT_BAR, progress: Progress | None = None, entries: list[Entry] | None = None,
+                   max_gpus: int | None = None) -> tuple[list[GpuGroup], Confirmation]:
+    """Pack ``entries`` (default: every adapter) with :func:`plan_greedy` on at most ``max_gpus`` (default
+    ``req.max_gpus``), keep the GPUs the twin passes (``bar``), and pack the adapters of the others again
+    with a larger ``req.margin`` (after :data:`SURROGATE_ROUNDS`, with the twin as the predictor) until every
+    GPU passes.
 
     Raises :class:`InfeasibleError` when a repacking needs more GPUs than allowed, or when
     :data:`MAX_ROUNDS` packings still leave a GPU short.
@@ -144,7 +154,7 @@ def pack_confirmed(req: PackRequest, split_hot: bool = True, balance: bool = Tru
     twin_margin = 0.0  # the twin packer judges on the slower twin itself
     confirmed: list[GpuGroup] = []
     rows: list[dict] = []
-    entries: list[Entry] | None = None  # None: every adapter
+    limit = req.max_gpus if max_gpus is None else max_gpus
     repacked = retuned = twin_packed = 0
     own_twin = req.predictor.kind == "twin"
     for rounds in range(1, MAX_ROUNDS + 1):
@@ -156,7 +166,7 @@ def pack_confirmed(req: PackRequest, split_hot: bool = True, balance: bool = Tru
         else:
             round_req = repacking(req, margin, bar)
         try:
-            groups = plan_greedy(round_req, split_hot, balance, entries, req.max_gpus - len(confirmed))
+            groups = plan_greedy(round_req, split_hot, balance, entries, limit - len(confirmed))
         except InfeasibleError as exc:
             raise exc if rounds == 1 else _repack_failed(exc, repacked, round_req.margin) from None
         twin_packed += len(groups) if by_twin and not own_twin else 0
@@ -189,37 +199,6 @@ def pack_confirmed(req: PackRequest, split_hot: bool = True, balance: bool = Tru
 def twin_packer(req: PackRequest, run: TwinRun, bar: ServiceBar) -> PackRequest:
     """``req`` with the judging twin run as its predictor (its answers are the verdict's), no load margin."""
     return replace(req, predictor=run.predictor(req.profile, req.policy, bar.slowdown), margin=0.0)
-
-
-#: A re-plan's group: the previous instance it keeps (None: a new GPU), and its adapters.
-Labelled = tuple[str | None, GpuGroup]
-
-
-def replan_confirmed(req: PackRequest, assign: Callable[[PackRequest, set[str]], list[Labelled]],
-                     run: TwinRun = DEFAULT_RUN, bar: ServiceBar = DEFAULT_BAR,
-                     progress: Progress | None = None) -> tuple[list[Labelled], Confirmation]:
-    """The nightly re-plan's variant. ``assign(req, dropped)`` re-plans keeping adapters in place on
-    every previous instance except those in ``dropped``. While the twin finds GPUs short, the previous
-    instances among them are dropped (their adapters are placed anew) and the margin grows."""
-    t0 = time.perf_counter()
-    margin = req.margin
-    dropped: set[str] = set()
-    repacked = 0
-    for rounds in range(1, MAX_ROUNDS + 1):
-        try:
-            labelled = assign(repacking(req, margin, bar), dropped)
-        except InfeasibleError as exc:
-            raise exc if rounds == 1 else _repack_failed(exc, repacked, margin) from None
-        check = check_groups(req, [g for _, g in labelled], run, bar, _counter(progress, f"twin check, round {rounds}"))
-        good = check.meets(bar)
-        if good.all():
-            return labelled, Confirmation(bar, run, margin, rounds, repacked, 0, 0,
-                                          [check.row(k, bar) for k in range(len(labelled))], time.perf_counter() - t0)
-        repacked += int((~good).sum())
-        dropped |= {prev for (prev, _), ok in zip(labelled, good) if prev is not None and not ok}
-        margin = next_margin(margin, check, bar)
-        _report(progress, check, ~good, 0, margin, bar)
-    raise _still_short(margin)
 
 
 def _counter(progress: Progress | None, what: str) -> Callable[[int, int], None] | None:
@@ -256,4 +235,4 @@ def _still_short(margin: float) -> InfeasibleError:
                            f"{margin:.1%}); plan with --predictor twin or allow a longer TTFT")
 
 
-__all__ = ["CONFIRM_RATIO", "Confirmation", "judged", "pack_confirmed", "replan_confirmed", "retune"]
+__all__ = ["CONFIRM_RATIO", "Confirmation", "judged", "pack_confirmed", "retune"]

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 from pathlib import PurePosixPath
 
 from planner.placement import InstancePlan, Placement
-from planner.verdict import CONFIRM_RATIO
+from twin.errors import BadInputError
 from twin.policies.spec import policy_label
 
 
@@ -112,9 +113,7 @@ def _total_line(p: Placement, s: dict) -> str:
 
 def _rounds_line(c: dict) -> str:
     notes = []
-    if c["seeds_below_default_ratio"]:
-        notes.append(f"--min-served {c['min_served']:g}: a GPU below {CONFIRM_RATIO:.0%} had to meet it with "
-                     f"{1 + len(c['seeds_below_default_ratio'])} arrival seeds")
+
     if c.get("retuned_gpus"):
         notes.append(f"{c['retuned_gpus']} GPU(s) fell short and were kept with another --max-loras the twin passed")
     if c.get("repacked_gpus"):
@@ -159,3 +158,37 @@ def render_vllm(p: Placement, model: str, port_base: int = 8000, adapter_dir: st
         lines.append(f"# {inst.instance_id}: {len(inst.adapters)} adapters, {_status(inst)}")
         lines.append(f"CUDA_VISIBLE_DEVICES={k} " + " ".join(shlex.quote(a) for a in argv) + " &")
     return "\n".join(lines)
+
+
+def render_changes(p: Placement) -> str:
+    """A re-plan's ``changes`` in words: counts, every restart with its reasons, moves by reason."""
+    ch = p.changes or {}
+    s = p.summary()
+    lines = [f"re-plan: {s['gpus']} GPU(s)" + (f" (a fresh plan of the same day: {ch['fresh_plan_gpus']})"
+                                              if "fresh_plan_gpus" in ch else "")
+             + f"; {len(ch.get('moved_adapters', []))} adapter(s) moved, {len(ch.get('added_adapters', []))} added, "
+               f"{len(ch.get('dropped_adapters', []))} dropped; new {', '.join(ch.get('new_instances', [])) or 'none'}; "
+               f"stop {', '.join(ch.get('removed_instances', [])) or 'none'}"]
+    for inst in ch.get("instances", []):
+        for why in inst.get("restart_because", []):
+            lines.append(f"  restart {inst['instance_id']}: {why}")
+    by_reason: dict[str, int] = {}
+    for m in ch.get("moves", []):
+        by_reason[m["reason"]] = by_reason.get(m["reason"], 0) + 1
+    for reason, n in sorted(by_reason.items(), key=lambda e: -e[1]):
+        lines.append(f"  {n} moved: {reason}")
+    return "\n".join(lines)
+
+
+FORMATS = ("table", "json", "vllm")
+
+
+def render(p: Placement, fmt: str, model: str, port_base: int = 8000, adapter_dir: str = "adapters") -> str:
+    """A placement as ``fmt``: the table (with a re-plan's changes), the placement JSON, or vLLM commands."""
+    if fmt == "json":
+        return json.dumps(p.to_dict(), indent=1, allow_nan=False)
+    if fmt == "vllm":
+        return render_vllm(p, model, port_base, adapter_dir)
+    if fmt != "table":
+        raise BadInputError(f"unknown format '{fmt}'; choose one of {', '.join(FORMATS)}")
+    return render_table(p) + ("\n" + render_changes(p) if p.changes else "")

@@ -1,153 +1,501 @@
-"""Nightly re-planning: move as few adapters and restart as few engines as the new workload allows.
+"""Nightly re-planning: the fewest GPUs that pass, then the least churn, from the plan deployed now.
 
-1. Every previous instance keeps the adapters still in the workload, with their traffic shares. If
-   it keeps up with its current ``--max-loras``/``--max-lora-rank`` nothing restarts; else the best
-   A_max is tried (a restart); else its hottest adapters are evicted one by one until it keeps up.
-2. New adapters, evicted ones and traffic shares no instance serves any more go, hottest first, to
-   the first existing instance that keeps up with them without a restart, else with one.
-3. What is left gets new instances from the greedy packer.
-4. With ``confirm`` (a surrogate's re-plan, as `planner replan` does by default), every GPU is run
-   in the twin; while one falls short (or misses a TTFT limit) steps 1-3 rerun with a load margin,
-   and previous instances that fell short give up all their adapters to be placed anew.
-5. A previous instance left with nothing (its adapters gone, or given up in step 4) lends its GPU
-   to the new group sharing most adapters with it: a restart (or only loads and unloads, when the
-   settings match) instead of stopping one engine and starting another.
+The objective, in order:
 
-The result carries a ``changes`` section: per instance the adapters to load and unload and whether
-the engine must restart (``--max-loras``, ``--max-lora-rank`` and ``--max-cpu-loras`` are start-up
-settings in vLLM), plus new and removed instances.
+1. **Every GPU passes** the plan's rule (:mod:`planner.verdict`: the SLO and the served share, judged in
+   the twin as ``planner plan`` judges). Moves this needs are made whatever the budget.
+2. **GPUs**: no more than a fresh plan of the same day needs, plus ``ChurnBudget.gpu_tolerance``.
+3. **Churn**: adapters moved and engines restarted, within the user's budget; a GPU is consolidated
+   away only while the budget allows.
+
+How (a local search around the deployed plan; a GPU's feasibility is the twin's verdict, which no linear
+model of capacity reproduces at the SLO's knee, so each step is proposed by the plan's predictor and
+accepted by the twin):
+
+* Every previous GPU keeps the adapters still in the workload, with their traffic shares, and is judged
+  as it stands. One that passes is left alone: the same workload gives no change at all.
+* A GPU that falls short gives up its hottest adapters, one at a time, until the predictor says the rest
+  pass with the engine as started (reason ``short``); if no eviction can do it, it restarts with the
+  ``--max-loras`` the predictor prefers (a restart, with its reason).
+* New adapters and those given up go, hottest first, to the GPU with the least load that takes them
+  without a restart (its ``--max-lora-rank`` holds their rank, its ``--max-cpu-loras`` has room, and the
+  predictor says it still passes), else to new GPUs packed by ``planner plan``'s greedy, confirmed.
+* The twin judges every GPU that changed; one that fails goes round again (at most ``REPAIR_ROUNDS``).
+* A fresh plan of the same day is packed too. While the re-plan needs more GPUs than it (plus the
+  tolerance), the GPU with the fewest adapters is emptied into the others' room (reason
+  ``consolidation``), if the moves budget allows and the twin passes every GPU that takes them.
+* New groups take over the GPUs of previous instances left with nothing, the ones sharing most adapters
+  first, so one engine reloads adapters instead of one stopping and another starting.
+
+The result carries a ``changes`` section: per instance the adapters to load and unload, whether the
+engine restarts and why (``--max-loras``, ``--max-lora-rank`` and ``--max-cpu-loras`` are start-up
+settings), every moved adapter with its reason, and the GPUs a fresh plan would use.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from planner.confirm import Progress, replan_confirmed
+import numpy as np
+
+from planner.confirm import Progress, check_groups, pack_confirmed, scenarios_of
 from planner.greedy import plan_greedy
-from planner.packing import GpuGroup, PackRequest, a_max_limit, best_a_max, keeps_up
-from planner.placement import InstancePlan, Placement, adapter_rows, build_instances, engine_settings, plan_inputs
-from planner.verdict import DEFAULT_BAR, DEFAULT_RUN, ServiceBar, TwinRun
-from twin.errors import LoraPlannerError
+from planner.packing import GpuGroup, PackRequest, a_max_limit, best_a_max, keeps_up, passing
+from planner.placement import (
+    InstancePlan,
+    Placement,
+    adapter_rows,
+    build_instances,
+    cpu_slots,
+    engine_settings,
+    plan_inputs,
+)
+from planner.verdict import DEFAULT_BAR, DEFAULT_RUN, EXTRA_SEEDS, ServiceBar, TwinRun
+from twin.errors import BadInputError, InfeasibleError, LoraPlannerError
 
 _SHARE_EPS = 1e-9
+#: Rounds of repairing GPUs the twin finds short before what is left is packed anew.
+REPAIR_ROUNDS = 4
+#: Receiving GPUs tried per adapter to place (the least loaded first).
+CANDIDATES = 8
+#: GPUs tried as the one to empty per consolidation step.
+CONSOLIDATION_TRIES = 8
+
+
+@dataclass(frozen=True)
+class ChurnBudget:
+    """How much a re-plan may change beyond what the SLO forces."""
+
+    max_moves: int | None = None  # adapters moved to save GPUs (None: no limit)
+    max_restarts: int | None = None  # engines restarted to keep adapters in place (None: no limit)
+    gpu_tolerance: int = 0  # GPUs above a fresh plan of the same day accepted without consolidating
+
+    @classmethod
+    def parse(cls, max_moves: str | None, max_restarts: int | None, gpu_tolerance: int, adapters: int) -> ChurnBudget:
+        """``max_moves``: a count (``120``) or a share of the workload's adapters (``5%``)."""
+        moves = None
+        if max_moves is not None:
+            text = max_moves.strip()
+            try:
+                moves = (int(float(text[:-1]) / 100.0 * adapters) if text.endswith("%") else int(text))
+            except ValueError:
+                raise BadInputError(f"--max-moves must be a count (120) or a share of the adapters (5%), "
+                                    f"not {max_moves!r}") from None
+            if moves < 0:
+                raise BadInputError(f"--max-moves must be >= 0, not {max_moves!r}")
+        if max_restarts is not None and max_restarts < 0 or gpu_tolerance < 0:
+            raise BadInputError("--max-restarts and --gpu-tolerance must be >= 0")
+        return cls(moves, max_restarts, gpu_tolerance)
 
 
 class _Slot:
-    """One previous instance while it is being re-planned."""
+    """One GPU while it is re-planned: its adapters and the engine it runs; ``prev`` is the previous instance
+    it is (None: a GPU new tonight)."""
 
-    def __init__(self, prev: InstancePlan, shares: dict[int, float]):
+    def __init__(self, prev: InstancePlan | None, shares: dict[int, float], a_max: int, max_lora_rank: int,
+                 max_cpu_loras: int, row: dict | None = None):
         self.prev = prev
-        self.group = GpuGroup(dict(shares), prev.a_max)
-        self.max_lora_rank = prev.max_lora_rank
+        self.shares = shares
+        self.a_max, self.max_lora_rank, self.max_cpu_loras = a_max, max_lora_rank, max_cpu_loras
+        self.restart: list[str] = []  # why its engine restarts (empty: it does not; a new GPU starts anyway)
+        self.changed = prev is None
+        self.row = row
 
-    def try_settle(self, req: PackRequest, shares: dict[int, float]) -> bool:
-        """Accept ``shares`` if they keep up: with the current settings if possible, else the best A_max."""
-        if keeps_up(req, shares, self.prev.a_max, self.prev.max_lora_rank):
-            self.group = GpuGroup(shares, self.prev.a_max)
-            self.max_lora_rank = self.prev.max_lora_rank
-            return True
-        verdict = best_a_max(req, shares)
-        if verdict.ok:
-            self.group = GpuGroup(shares, verdict.a_max)
-            self.max_lora_rank = req.profile.kv.rank_for(int(req.ranks[list(shares)].max()))
-        return verdict.ok
+    @classmethod
+    def kept(cls, prev: InstancePlan, shares: dict[int, float]) -> _Slot:
+        return cls(prev, shares, prev.a_max, prev.max_lora_rank, prev.max_cpu_loras)
 
+    def state(self) -> tuple:
+        """What a trial may change, to :meth:`restore` it."""
+        return dict(self.shares), self.a_max, self.max_lora_rank, self.max_cpu_loras, list(self.restart), self.changed, \
+            self.row
+
+    def restore(self, state: tuple) -> None:
+        self.shares, self.a_max, self.max_lora_rank, self.max_cpu_loras, self.restart, self.changed, self.row = state
+
+    @property
+    def group(self) -> GpuGroup:
+        return GpuGroup(dict(self.shares), self.a_max, self.max_lora_rank)
+
+    def room_for(self, rank: int) -> bool:
+        """Whether one more adapter of ``rank`` can load without a restart."""
+        return rank <= self.max_lora_rank and len(self.shares) < self.max_cpu_loras
+
+
+class _Judge:
+    """The plan's rule on a list of groups: the twin's verdict when confirming, else the predictor's."""
+
+    def __init__(self, req: PackRequest, run: TwinRun, bar: ServiceBar, confirm: bool):
+        self.req, self.run, self.bar, self.confirm = req, run, bar, confirm
+
+    def check(self, groups: list[GpuGroup]) -> tuple[np.ndarray, list[dict | None]]:
+        if not groups:
+            return np.zeros(0, bool), []
+        if self.confirm:
+            check = check_groups(self.req, groups, self.run, self.bar)
+            return check.meets(self.bar), [check.row(k, self.bar) for k in range(len(groups))]
+        scenarios = scenarios_of(self.req, groups)
+        return passing(self.req, self.req.predictor.predict(scenarios), scenarios), [None] * len(groups)
+
+
+class _Replan:
+    def __init__(self, previous: Placement, req: PackRequest, judge: _Judge, budget: ChurnBudget, split_hot: bool,
+                 progress: Progress | None):
+        self.req, self.judge, self.budget, self.split_hot, self.progress = req, judge, budget, split_hot, progress
+        index = {a.adapter_id: i for i, a in enumerate(req.workload.adapters)}
+        self.slots: list[_Slot] = []
+        self.freed: list[InstancePlan] = []  # previous instances left with nothing
+        served = np.zeros(len(index))
+        for prev in previous.instances:
+            shares = {index[a]: s for a, s in prev.adapters.items() if a in index}
+            if not shares:
+                self.freed.append(prev)
+                continue
+            self.slots.append(_Slot.kept(prev, shares))
+            for i, s in shares.items():
+                served[i] += s
+        self.pending: dict[int, float] = {int(i): float(1.0 - s) for i, s in enumerate(served) if 1.0 - s > _SHARE_EPS}
+        self.moves: dict[int, str] = {}  # adapter index -> why it left its previous GPU
+
+    def log(self, msg: str) -> None:
+        if self.progress:
+            self.progress(msg)
+
+    def load(self, shares: dict[int, float]) -> float:
+        return float(sum(self.req.arriving_tok_s[i] * s for i, s in shares.items()))
+
+    # -- repair ------------------------------------------------------------------------------------------
+
+    def repair(self) -> None:
+        """Every previous GPU passes again (``fix_short``), the adapters waiting go where there is room
+        (``fill_room``), and what is left gets new GPUs."""
+        self.fix_short()
+        self.fill_room()
+        self.pack_new()
+
+    def fix_short(self) -> None:
+        """Judge every GPU as it stands; the short ones shed adapters (or restart) and are judged again, for
+        ``REPAIR_ROUNDS`` rounds; a GPU still short then gives up all its adapters."""
+        todo = list(self.slots)
+        for rounds in range(1, REPAIR_ROUNDS + 1):
+            ok, rows = self.judge.check([s.group for s in todo])
+            for s, row in zip(todo, rows):
+                s.row = row
+            todo = [s for s, good in zip(todo, ok) if not good]
+            if not todo:
+                return
+            self.log(f"re-plan: {len(todo)} GPU(s) fall short with the new traffic; repairing them (round {rounds})")
+            for s in todo:
+                self.shed(s, rounds, everything=rounds == REPAIR_ROUNDS)
+            todo = [s for s in todo if s.shares]
+        self.drop_empty()
+
+    def drop_empty(self) -> None:
+        for s in [s for s in self.slots if not s.shares]:
+            self.drop(s)
+
+    def drop(self, slot: _Slot) -> None:
+        self.slots.remove(slot)
+        if slot.prev is not None:
+            self.freed.append(slot.prev)
+
+    def shed(self, slot: _Slot, rounds: int, everything: bool = False) -> None:
+        """Make a short GPU pass by the predictor: its hottest adapters leave, or else its engine restarts with
+        the A_max the predictor prefers. A GPU the predictor passes as it is (the twin did not) gives up one
+        more adapter each round; with ``everything`` it gives up all."""
+        req = self.req
+        shares = dict(slot.shares)
+        order = sorted(shares, key=lambda i: -req.arriving_tok_s[i] * shares[i])
+        gone: list[int] = []
+        must = len(order) if everything else rounds if keeps_up(req, shares, slot.a_max, slot.max_lora_rank) else 0
+        while shares and (len(gone) < must or not keeps_up(req, shares, slot.a_max, slot.max_lora_rank)):
+            i = order[len(gone)]
+            gone.append(i)
+            del shares[i]
+        if not everything and len(gone) > max(1, len(slot.shares) // 4) and self.may_restart():
+            verdict = best_a_max(req, slot.shares)
+            if verdict.ok and verdict.a_max != slot.a_max:  # a new --max-loras keeps every adapter
+                self.restart(slot, verdict.a_max, f"fell short with its traffic at --max-loras {slot.a_max}; "
+                                                  f"{verdict.a_max} serves it without moving {len(gone)} adapters")
+                return
+        for i in gone:
+            self.pending[i] = self.pending.get(i, 0.0) + slot.shares.pop(i)
+            self.moves.setdefault(i, "short: its GPU fell short of the SLO with the new traffic")
+        slot.changed = True
+
+    @property
+    def restarts(self) -> int:
+        return sum(1 for s in self.slots if s.restart and s.prev is not None)
+
+    def may_restart(self) -> bool:
+        return self.budget.max_restarts is None or self.restarts < self.budget.max_restarts
+
+    def restart(self, slot: _Slot, a_max: int, why: str) -> None:
+        """Start ``slot``'s engine again with ``a_max`` (and the rank and host slots its adapters need),
+        recording every start-up setting that changes and why."""
+        rank = self.req.profile.kv.rank_for(int(self.req.ranks[list(slot.shares)].max()))
+        cpu = cpu_slots(len(slot.shares), a_max)
+        if slot.prev is None:  # a new GPU is not running yet: it starts with what it needs
+            slot.a_max, slot.max_lora_rank, slot.max_cpu_loras = a_max, rank, cpu
+            return
+        reasons = []
+        if a_max != slot.a_max:
+            reasons.append(f"--max-loras {slot.a_max} -> {a_max}: {why}")
+        if rank != slot.max_lora_rank:
+            reasons.append(f"--max-lora-rank {slot.max_lora_rank} -> {rank}: the largest rank it serves")
+        if max(len(slot.shares), a_max) > slot.max_cpu_loras:
+            reasons.append(f"--max-cpu-loras {slot.max_cpu_loras} -> {cpu}: it holds {len(slot.shares)} adapters, "
+                           "more than its engine keeps in host memory")
+        if not reasons:
+            return
+        slot.restart += reasons
+        slot.a_max, slot.max_lora_rank, slot.max_cpu_loras = a_max, rank, cpu
+        slot.changed = True
+
+    def fill_room(self) -> None:
+        """Put waiting adapters, hottest first, on the least-loaded GPUs that take them without a restart (the
+        predictor's check), judge the GPUs that took some, and take back what a GPU the judge fails took (that
+        GPU takes no more); ``REPAIR_ROUNDS`` rounds."""
+        full: set[int] = set()
+        for _ in range(REPAIR_ROUNDS):
+            took = self.place_pending(full)
+            if not took:
+                return
+            ok, rows = self.judge.check([s.group for s in took])
+            for (s, added), good, row in zip(took.items(), ok, rows):
+                if good:
+                    s.row, s.changed = row, True
+                    continue
+                for i, share in added.items():
+                    s.shares[i] -= share
+                    if s.shares[i] <= _SHARE_EPS:
+                        del s.shares[i]
+                    self.pending[i] = self.pending.get(i, 0.0) + share
+                full.add(id(s))
+            if ok.all():
+                return
+
+    def place_pending(self, full: set[int]) -> dict[_Slot, dict[int, float]]:
+        """One pass of :meth:`fill_room`: per GPU that took adapters, what it took."""
+        req = self.req
+        open_slots = [s for s in self.slots if id(s) not in full]
+        loads = {id(s): self.load(s.shares) for s in open_slots}
+        took: dict[_Slot, dict[int, float]] = {}
+        for i, share in sorted(self.pending.items(), key=lambda e: -req.arriving_tok_s[e[0]] * e[1]):
+            rank = int(req.ranks[i])
+            fits = sorted((s for s in open_slots if s.room_for(rank) or i in s.shares),
+                          key=lambda s: (s.max_lora_rank != rank, loads[id(s)]))
+            for s in fits[:CANDIDATES]:
+                trial = {**s.shares, i: s.shares.get(i, 0.0) + share}
+                if keeps_up(req, trial, s.a_max, s.max_lora_rank):
+                    s.shares = trial
+                    loads[id(s)] += req.arriving_tok_s[i] * share
+                    took.setdefault(s, {})[i] = share
+                    del self.pending[i]
+                    break
+        return took
+
+    def pack_new(self) -> None:
+        """New GPUs for what is still pending: greedy, confirmed like a fresh plan."""
+        if not self.pending:
+            return
+        entries = list(self.pending.items())
+        self.log(f"packing {len(entries)} adapter entries on new GPUs")
+        groups, rows = self.packed(entries, self.req.max_gpus - len(self.slots))
+        kv = self.req.kv
+        for g, row in zip(groups, rows):
+            rank = g.max_lora_rank or kv.rank_for(int(self.req.ranks[g.members].max()))
+            self.slots.append(_Slot(None, dict(g.shares), g.a_max, rank, cpu_slots(len(g), g.a_max), row))
+        self.pending.clear()
+
+    def packed(self, entries, max_gpus: int) -> tuple[list[GpuGroup], list[dict | None]]:
+        if self.judge.confirm:
+            groups, conf = pack_confirmed(self.req, self.split_hot, True, self.judge.run, self.judge.bar, None,
+                                          entries=entries, max_gpus=max_gpus)
+            return groups, conf.rows
+        groups = plan_greedy(self.req, self.split_hot, True, entries, max_gpus)
+        return groups, [None] * len(groups)
+
+    # -- consolidation -----------------------------------------------------------------------------------
+
+    def consolidate(self, fresh_gpus: int) -> None:
+        """Empty GPUs into the others' room while the re-plan needs more than ``fresh_gpus`` + the tolerance
+        and the moves budget allows (each emptied GPU judged away by the twin on every GPU that takes its
+        adapters)."""
+        target = fresh_gpus + self.budget.gpu_tolerance
+        while len(self.slots) > target:
+            if not self.empty_one():
+                break
+
+    def moves_left(self) -> float:
+        return np.inf if self.budget.max_moves is None else self.budget.max_moves - len(self.moves)
+
+    def empty_one(self) -> bool:
+        """Empty one GPU into the others: new GPUs first (no adapter of theirs has moved in yet), then the
+        fewest adapters (the fewest moves), then the lightest (the easiest to absorb)."""
+        fewest = sorted(self.slots, key=lambda s: (s.prev is not None, len(s.shares), self.load(s.shares)))
+        lightest = sorted(self.slots, key=lambda s: (s.prev is not None, self.load(s.shares)))
+        tried: set[int] = set()
+        for victim in fewest[:CONSOLIDATION_TRIES] + lightest[:CONSOLIDATION_TRIES]:
+            if id(victim) in tried or victim.prev is not None and len(victim.shares) > self.moves_left():
+                continue
+            tried.add(id(victim))
+            others = [s for s in self.slots if s is not victim]
+            saved = {id(s): s.state() for s in others}
+            if self.absorb(victim, others):
+                if victim.prev is not None:
+                    for i in victim.shares:
+                        self.moves.setdefault(i, "consolidation: its GPU was emptied to save a GPU")
+                self.drop(victim)
+                self.log(f"consolidation: emptied {'a new GPU' if victim.prev is None else victim.prev.instance_id}"
+                         f" ({len(victim.shares)} adapters); {len(self.slots)} GPUs")
+                return True
+            for s in others:  # undo the trial
+                s.restore(saved[id(s)])
+        return False
+
+    def absorb(self, victim: _Slot, others: list[_Slot]) -> bool:
+        """Move every adapter of ``victim`` onto ``others`` (changing them in place): each to a GPU the
+        predictor says takes it, then the twin judges the GPUs that took some; one it fails gives its new
+        adapters back to be placed elsewhere (and takes no more), for ``REPAIR_ROUNDS`` rounds. False when an
+        adapter finds no GPU that passes."""
+        req = self.req
+        waiting = dict(victim.shares)
+        closed: set[int] = set()
+        for _ in range(REPAIR_ROUNDS):
+            open_slots = [s for s in others if id(s) not in closed]
+            before = {id(s): s.state() for s in open_slots}
+            loads = {id(s): self.load(s.shares) for s in open_slots}
+            took: dict[_Slot, dict[int, float]] = {}
+            for i, share in sorted(waiting.items(), key=lambda e: -req.arriving_tok_s[e[0]] * e[1]):
+                rank = int(req.ranks[i])  # GPUs whose rank holds it first (no restart for rank), least loaded first
+                order = sorted(open_slots, key=lambda s: (s.max_lora_rank < rank, loads[id(s)]))
+                target = self.receiver(i, share, order)
+                if target is None:
+                    return False
+                loads[id(target)] += req.arriving_tok_s[i] * share
+                took.setdefault(target, {})[i] = share
+            waiting = {}
+            ok, rows = self.judge.check([s.group for s in took])
+            for (s, added), good, row in zip(took.items(), ok, rows):
+                if good:
+                    s.row, s.changed = row, True
+                    continue
+                s.restore(before[id(s)])  # its adapters and engine as before this round
+                for i, share in added.items():
+                    waiting[i] = waiting.get(i, 0.0) + share
+                closed.add(id(s))
+            if not waiting:
+                return True
+        return False
+
+    def receiver(self, i: int, share: float, order: list[_Slot]) -> _Slot | None:
+        """The first GPU of ``order`` taking adapter ``i`` as it runs, else (a restart, within the budget) at
+        the A_max the predictor prefers; it is changed to hold ``i``."""
+        req, rank = self.req, int(self.req.ranks[i])
+        for s in order[:CANDIDATES]:
+            if s.room_for(rank) or i in s.shares:
+                trial = {**s.shares, i: s.shares.get(i, 0.0) + share}
+                if keeps_up(req, trial, s.a_max, s.max_lora_rank):
+                    s.shares = trial
+                    return s
+        if not self.may_restart():
+            return None
+        for s in order[:CANDIDATES]:
+            trial = {**s.shares, i: s.shares.get(i, 0.0) + share}
+            verdict = best_a_max(req, trial)
+            if verdict.ok:
+                s.shares = trial
+                self.restart(s, verdict.a_max, "took adapters of a GPU emptied to save a GPU")
+                return s
+        return None
 
 def replan(previous: Placement, workload_path, req: PackRequest, split_hot: bool = True, confirm: bool = False,
-           run: TwinRun = DEFAULT_RUN, bar: ServiceBar = DEFAULT_BAR, progress: Progress | None = None) -> Placement:
-    """Re-plan ``req``'s workload from ``previous``; with ``confirm``, every GPU of the result is checked
-    in the twin and the whole re-plan reruns with a load margin while one falls short
-    (:func:`planner.confirm.replan_confirmed`)."""
-    def assign(r: PackRequest, dropped: set[str]) -> list[tuple[str | None, GpuGroup]]:
-        slots, new_groups = _assign(previous, r, split_hot, dropped)
-        return ([(s.prev.instance_id, GpuGroup(s.group.shares, s.group.a_max, s.max_lora_rank)) for s in slots]
-                + [(None, g) for g in new_groups])
+           run: TwinRun = DEFAULT_RUN, bar: ServiceBar = DEFAULT_BAR, budget: ChurnBudget = ChurnBudget(),
+           progress: Progress | None = None) -> Placement:
+    """Re-plan ``req``'s workload from ``previous`` (module docstring); with ``confirm`` every GPU is judged in
+    the twin, else by the request's predictor."""
+    judge = _Judge(req, run, bar, confirm)
+    work = _Replan(previous, req, judge, budget, split_hot, progress)
+    for s in work.slots:  # a previous engine whose settings no longer start (a new profile) must restart
+        if req.kv.tokens_for(s.a_max, s.max_lora_rank) is None or int(req.ranks[list(s.shares)].max()) > s.max_lora_rank:
+            verdict = best_a_max(req, s.shares)
+            work.restart(s, verdict.a_max if verdict.ok else max(1, a_max_limit(req.kv, req.ranks[list(s.shares)])),
+                         "the engine as started no longer fits the profile's memory or the adapters' ranks")
+    work.repair()
+    fresh, _ = work.packed(None, req.max_gpus)
+    work.consolidate(len(fresh))
+    if len(work.slots) > req.max_gpus:
+        raise InfeasibleError(f"the re-plan needs {len(work.slots)} GPUs, more than the "
+                              f"{req.max_gpus} allowed by --gpus")
+    return _placement(previous, workload_path, req, work, len(fresh), bar if confirm else None)
 
-    confirmation = None
-    if confirm:
-        labelled, confirmation = replan_confirmed(req, assign, run, bar, progress)
-    else:
-        labelled = assign(req, set())
-    by_id = {p.instance_id: p for p in previous.instances}
-    kept = [by_id[prev_id] for prev_id, _ in labelled if prev_id is not None]  # first in ``labelled``
-    instances = build_instances(req, [g for _, g in labelled], twin=confirmation and confirmation.rows)
-    restarted = {prev.instance_id for inst, prev in zip(instances, kept) if _take_over(inst, prev)}
-    restarted |= _name_new_instances(previous, instances[len(kept):], {p.instance_id for p in kept})
+
+def _placement(previous: Placement, workload_path, req: PackRequest, work: _Replan, fresh_gpus: int,
+               bar: ServiceBar | None) -> Placement:
+    slots = sorted(work.slots, key=lambda s: s.prev is None)  # previous GPUs first
+    instances = build_instances(req, [s.group for s in slots], twin=[s.row for s in slots] if bar is not None else None)
+    for inst, s in zip(instances, slots):  # kept GPUs keep their ids and, without a restart, their engine
+        inst.max_cpu_loras = s.max_cpu_loras
+        if s.prev is not None:
+            inst.instance_id = s.prev.instance_id
+    reused = _name_new_instances(previous, [i for i, s in zip(instances, slots) if s.prev is None], work.freed)
     instances.sort(key=lambda i: _instance_number(i.instance_id))
     inputs = plan_inputs(workload_path, req, "greedy", 0.0)
-    if confirmation is not None:
-        inputs["confirmation"] = confirmation.to_dict()
+    if bar is not None:
+        inputs["confirmation"] = {"by": "twin", "duration_s": work.judge.run.duration_s, "seed": work.judge.run.seed,
+                                  "extra_seeds_near_the_edge": list(EXTRA_SEEDS), **bar.to_dict(),
+                                  "failing_gpus": sum(not i.ok for i in instances),
+                                  "worst_served": min((i.twin["served"] for i in instances if i.twin), default=None),
+                                  "worst_ttft_ms_p99": max((i.twin["ttft_ms_p99"] or 0 for i in instances if i.twin),
+                                                           default=None)}
     placement = Placement(inputs, instances, adapter_rows(req), engine_settings(req.profile))
-    placement.changes = changes(previous, placement, restarted)
+    restart_reasons = {s.prev.instance_id: s.restart for s in work.slots if s.restart and s.prev is not None}
+    restart_reasons.update(reused)
+    placement.changes = changes(previous, placement, restart_reasons,
+                                {req.adapter_id(i): why for i, why in work.moves.items()}, fresh_gpus)
     return placement
 
 
-def _take_over(inst: InstancePlan, prev: InstancePlan) -> bool:
-    """Run ``inst`` on ``prev``'s GPU (its id); return whether the engine must restart. ``--max-loras``,
-    ``--max-lora-rank`` and ``--max-cpu-loras`` are start-up settings: without a restart the engine keeps
-    its ``--max-cpu-loras``, which must then hold every adapter."""
-    inst.instance_id = prev.instance_id
-    restart = ((inst.a_max, inst.max_lora_rank) != (prev.a_max, prev.max_lora_rank)
-               or max(len(inst.adapters), inst.a_max) > prev.max_cpu_loras)
-    if not restart:
-        inst.max_cpu_loras = prev.max_cpu_loras
-    return restart
-
-
-def _name_new_instances(previous: Placement, new: list[InstancePlan], kept: set[str]) -> set[str]:
-    """Name the new instances, reusing the GPUs of previous instances that keep nothing (emptied, or
-    given up by the confirmation): each such GPU takes the new group sharing most adapters with it,
-    so it unloads and loads the fewest. Returns the reused ids whose engine must restart."""
-    free = [p for p in previous.instances if p.instance_id not in kept]
+def _name_new_instances(previous: Placement, new: list[InstancePlan], free: list[InstancePlan]) -> dict[str, list[str]]:
+    """Name the new instances, reusing the GPUs of previous instances left with nothing: each such GPU takes
+    the new group sharing most adapters with it, so it unloads and loads the fewest. Returns, per reused GPU
+    whose engine must restart, why."""
     unnamed = list(new)
-    restarted: set[str] = set()
+    restarted: dict[str, list[str]] = {}
     for prev in free:
         if not unnamed:
             break
         inst = max(unnamed, key=lambda i: len(set(i.adapters) & set(prev.adapters)))  # first on ties
         unnamed.remove(inst)
-        if _take_over(inst, prev):
-            restarted.add(prev.instance_id)
+        inst.instance_id = prev.instance_id
+        why = _settings_changed(prev, inst)
+        if why:
+            restarted[prev.instance_id] = why
+        else:
+            inst.max_cpu_loras = prev.max_cpu_loras
     next_id = 1 + max((_instance_number(p.instance_id) for p in previous.instances), default=-1)
     for k, inst in enumerate(unnamed):
         inst.instance_id = f"gpu-{next_id + k}"
     return restarted
 
 
-def _assign(previous: Placement, req: PackRequest, split_hot: bool,
-            dropped: set[str]) -> tuple[list[_Slot], list[GpuGroup]]:
-    """Steps 1-3: the previous instances that stay (with what they keep and gain), and new groups.
-    Instances in ``dropped`` keep nothing: all their adapters are placed anew."""
-    index = {a.adapter_id: i for i, a in enumerate(req.workload.adapters)}
-    load = req.arriving_tok_s
-    slots: list[_Slot] = []
-    todo: dict[int, float] = {i: 1.0 for i in range(len(index))}  # traffic share still unserved
-    for prev in previous.instances:
-        shares = {index[a]: s for a, s in prev.adapters.items() if a in index}
-        if prev.instance_id in dropped or not shares or a_max_limit(req.kv, req.ranks[list(shares)]) < 1:
-            continue
-        slot = _Slot(prev, shares)
-        while shares and not slot.try_settle(req, dict(shares)):
-            del shares[max(shares, key=lambda i: load[i] * shares[i])]  # evict the hottest
-        if shares:
-            slots.append(slot)
-            for i, s in slot.group.shares.items():
-                todo[i] -= s
-    pending = sorted(((i, s) for i, s in todo.items() if s > _SHARE_EPS), key=lambda e: -load[e[0]] * e[1])
-    left: list[tuple[int, float]] = []
-    for i, s in pending:
-        for slot in slots:
-            trial = dict(slot.group.shares)
-            trial[i] = trial.get(i, 0.0) + s
-            if slot.try_settle(req, trial):
-                break
-        else:
-            left.append((i, s))
-    new_groups = plan_greedy(req, split_hot=split_hot, entries=left, max_gpus=req.max_gpus - len(slots)) if left else []
-    return slots, new_groups
+def _settings_changed(prev: InstancePlan, inst: InstancePlan) -> list[str]:
+    """The start-up settings ``inst`` needs that ``prev``'s engine was not started with."""
+    why = []
+    if inst.a_max != prev.a_max:
+        why.append(f"--max-loras {prev.a_max} -> {inst.a_max}: a new group of adapters takes over this GPU")
+    if inst.max_lora_rank != prev.max_lora_rank:
+        why.append(f"--max-lora-rank {prev.max_lora_rank} -> {inst.max_lora_rank}: the largest rank it serves")
+    if max(len(inst.adapters), inst.a_max) > prev.max_cpu_loras:
+        why.append(f"--max-cpu-loras {prev.max_cpu_loras} -> {inst.max_cpu_loras}: it holds {len(inst.adapters)} "
+                   "adapters, more than the engine keeps in host memory")
+    return why
 
 
 def _instance_number(instance_id: str) -> int:
@@ -155,7 +503,10 @@ def _instance_number(instance_id: str) -> int:
     return int(tail) if tail.isdigit() else -1
 
 
-def changes(previous: Placement, new: Placement, restarted: set[str]) -> dict[str, Any]:
+def changes(previous: Placement, new: Placement, restarts: dict[str, list[str]], reasons: dict[str, str],
+            fresh_gpus: int | None = None) -> dict[str, Any]:
+    """The ``changes`` section: per instance what loads, unloads and why it restarts; moved adapters with
+    their reason; added, dropped, new and removed."""
     before = {p.instance_id: p for p in previous.instances}
     after = {p.instance_id: p for p in new.instances}
     per_instance = []
@@ -164,8 +515,8 @@ def changes(previous: Placement, new: Placement, restarted: set[str]) -> dict[st
         old_adapters = set(old.adapters) if old else set()
         per_instance.append({
             "instance_id": iid, "status": "kept" if old else "new",
-            "restart": iid in restarted, "load": sorted(set(inst.adapters) - old_adapters),
-            "unload": sorted(old_adapters - set(inst.adapters)),
+            "restart": iid in restarts, "restart_because": restarts.get(iid, []),
+            "load": sorted(set(inst.adapters) - old_adapters), "unload": sorted(old_adapters - set(inst.adapters)),
             "a_max": [old.a_max if old else None, inst.a_max],
         })
     removed = sorted(set(before) - set(after))
@@ -176,48 +527,40 @@ def changes(previous: Placement, new: Placement, restarted: set[str]) -> dict[st
         "previous_workload_sha256": previous.inputs.get("workload", {}).get("sha256"),
         "instances": per_instance, "removed_instances": removed,
         "moved_adapters": moved,
+        "moves": [{"adapter_id": a, "from": sorted({r["instance_id"] for r in old_routes[a]}),
+                   "to": sorted({r["instance_id"] for r in new_routes[a]}),
+                   "reason": reasons.get(a, "new capacity: its traffic share moved with a replica")} for a in moved],
         "added_adapters": sorted(set(new_routes) - set(old_routes)),
         "dropped_adapters": sorted(set(old_routes) - set(new_routes)),
-        "restarts": sorted(restarted), "new_instances": [p["instance_id"] for p in per_instance if p["status"] == "new"],
+        "restarts": sorted(restarts), "new_instances": [p["instance_id"] for p in per_instance if p["status"] == "new"],
+        **({} if fresh_gpus is None else {"fresh_plan_gpus": fresh_gpus}),
     }
 
 
 class AlreadyRunningError(LoraPlannerError):
     """Another re-plan holds the lock on the same output."""
 
+    exit_code = 4
+
 
 @contextmanager
 def exclusive(out: str | os.PathLike):
-    """Hold ``OUT.lock`` for the duration; refuse if a live process holds it, take over a stale one."""
-    lock = Path(f"{out}.lock")
-    for _ in range(2):
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            break
-        except FileExistsError:
-            try:
-                pid = int(lock.read_text().strip() or 0)
-            except (OSError, ValueError):
-                pid = 0
-            if pid and _alive(pid):
-                raise AlreadyRunningError(f"another re-plan (pid {pid}) is writing {out}; "
-                                          f"wait for it, or remove {lock} if it is gone") from None
-            lock.unlink(missing_ok=True)  # stale: its process is gone
-    else:
-        raise AlreadyRunningError(f"cannot take the lock {lock}")
+    """Hold an exclusive ``flock`` on ``OUT.lock`` (beside the real file, symlinks followed) for the duration;
+    refuse at once if another process holds it. The kernel drops the lock when its holder dies, so a lock
+    file left behind never blocks a later run."""
+    lock = Path(f"{Path(out).resolve()}.lock")
+    fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
     try:
-        os.write(fd, str(os.getpid()).encode())
-        os.close(fd)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            raise AlreadyRunningError(f"another re-plan (pid {holder}) is writing {out}; wait for it to finish") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
         yield
     finally:
-        lock.unlink(missing_ok=True)
+        os.close(fd)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+__all__ = ["AlreadyRunningError", "ChurnBudget", "changes", "exclusive", "replan"]

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -16,6 +20,7 @@ from planner.render import render_table, render_vllm
 from planner.replan import AlreadyRunningError, exclusive, replan
 from tests.planner_helpers import CapacityPredictor, workload
 from twin import BadInputError, load_profile
+from twin.families import family_workload, write_workload_csv
 from twin.workload import Adapter, Workload
 
 SMALL = "datasets/workloads/small-8-adapters.csv"
@@ -140,16 +145,41 @@ def test_replan_gives_an_emptied_gpu_to_a_new_group(tmp_path, profile):
     assert all(i.ok for i in new.instances)
 
 
-def test_replan_lock_refuses_a_live_holder_and_takes_over_a_stale_one(tmp_path):
+HOLD = """
+import sys, time
+from planner.replan import AlreadyRunningError, exclusive
+try:
+    with exclusive(sys.argv[1]):
+        print("held", flush=True)
+        time.sleep(float(sys.argv[2]))
+except AlreadyRunningError:
+    print("refused", flush=True)
+"""
+
+
+def _holders(out, n: int, seconds: float) -> list[str]:
+    procs = [subprocess.Popen([sys.executable, "-c", HOLD, str(out), str(seconds)], stdout=subprocess.PIPE, text=True,
+                              cwd=Path(__file__).resolve().parents[1]) for _ in range(n)]
+    return [p.communicate(timeout=60)[0].strip() for p in procs]
+
+
+def test_replan_lock_is_held_by_one_process_and_a_leftover_file_blocks_nothing(tmp_path):
     out = tmp_path / "plan.json"
-    lock = tmp_path / "plan.json.lock"
-    lock.write_text(str(os.getpid()))
-    with pytest.raises(AlreadyRunningError, match="another re-plan"), exclusive(out):
-        pass
-    lock.write_text("999999999")  # no such process
+    assert sorted(_holders(out, 6, 6.0)) == ["held"] + ["refused"] * 5  # six at once: exactly one holds it
+    (tmp_path / "plan.json.lock").write_text("12345")  # left by a process gone (even one killed with -9)
     with exclusive(out):
-        assert lock.read_text() == str(os.getpid())
-    assert not lock.exists()
+        pass
+    link = tmp_path / "current.json"
+    link.symlink_to(out)  # the lock sits beside the real file: two names of one plan share it
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(out), "3"], stdout=subprocess.PIPE, text=True,
+                              cwd=Path(__file__).resolve().parents[1])
+    assert holder.stdout.readline().strip() == "held"
+    with pytest.raises(AlreadyRunningError, match="another re-plan") as err, exclusive(link):
+        pass
+    assert err.value.exit_code == 4
+    holder.wait(timeout=30)
+    with exclusive(link):
+        pass
 
 
 def test_cli_plan_evaluate_replan_with_the_twin(tmp_path):
@@ -185,3 +215,43 @@ def test_cli_failures_leave_files_alone(tmp_path):
     assert res.exit_code == 2 and out.read_text() == "previous plan"
     res = r.invoke(main, ["plan", SMALL, "--algorithm", "dlora"])
     assert res.exit_code == 2 and "--gpus" in res.output
+
+
+def _children(pid: int) -> list[int]:
+    """Live processes whose parent is ``pid`` (from /proc)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            out.append(int(stat.parent.name))
+    return out
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL, signal.SIGINT])
+def test_no_twin_worker_outlives_a_stopped_plan(tmp_path, sig):
+    csv = tmp_path / "w.csv"
+    write_workload_csv(family_workload("log-uniform", 3000, 0), csv)
+    proc = subprocess.Popen([sys.executable, "-m", "planner.cli", "plan", str(csv), "--jobs", "2"],
+                            cwd=Path(__file__).resolve().parents[1], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    workers: list[int] = []
+    while not workers and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+        workers = _children(proc.pid)
+    assert workers, "the plan ended before its twin workers started"
+    proc.send_signal(sig)
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{w}").exists() and _state(w) != "Z" for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [w for w in workers if Path(f"/proc/{w}").exists() and _state(w) != "Z"]
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"

@@ -16,6 +16,7 @@ another profile. Lengths are left to the profile's defaults except in ``mixed-le
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
@@ -99,3 +100,34 @@ def write_workload_csv(workload: Workload, path) -> None:
         for a in workload.adapters:
             tail = f",{a.input_tokens:g},{a.output_tokens:g}" if lengths else ""
             f.write(f"{a.adapter_id},{a.rank},{a.rate_rps:.6g}{tail}\n")
+
+
+def fleet_nights(family: str, n: int, seed: int, nights: int, churn: float = 0.01, walk_sd: float = 0.1,
+                 weekly: float = 0.3, hot_night: int = 10, hot_rps: float = 40.0, cooling: float = 0.7):
+    """The workloads of ``nights`` nights of one fleet, night 0 first: ``family``'s adapters, then each night
+    every rate takes a log-normal random-walk step (SD ``walk_sd``) and follows a weekly cycle (a sine of
+    amplitude ``weekly``); each adapter retires with probability ``churn`` and about ``churn`` x n new
+    ones join; on ``hot_night`` one adapter jumps to ``hot_rps`` (more than one GPU serves), then cools by
+    ``cooling`` a night back to its walk."""
+    rng = np.random.default_rng(np.random.SeedSequence([seed, n, nights, 7]))
+    base = list(family_workload(family, n, seed).adapters)
+    walk = np.zeros(len(base))
+    heat = np.ones(len(base))
+    born = len(base)
+    for night in range(nights):
+        if night:
+            walk += rng.normal(0.0, walk_sd, len(base))
+            heat = np.maximum(1.0, heat * cooling)
+            keep = rng.random(len(base)) >= churn
+            joined = list(family_workload(family, max(1, rng.poisson(churn * n)), seed + 1000 * night).adapters)
+            joined = [replace(a, adapter_id=f"{family}-new-{born + k}") for k, a in enumerate(joined)]
+            born += len(joined)
+            base = [a for a, k in zip(base, keep) if k] + joined
+            walk = np.concatenate([walk[keep], np.zeros(len(joined))])
+            heat = np.concatenate([heat[keep], np.ones(len(joined))])
+        cycle = 1.0 + weekly * np.sin(2.0 * np.pi * night / 7.0)
+        if night == hot_night:
+            j = int(rng.integers(len(base)))
+            heat[j] = hot_rps / (base[j].rate_rps * np.exp(walk[j]) * cycle)
+        yield Workload(tuple(replace(a, rate_rps=float(f"{a.rate_rps * np.exp(w) * cycle * h:.6g}"))
+                             for a, w, h in zip(base, walk, heat)))
