@@ -78,6 +78,11 @@ def fleet(family: str, n: int, seed: int, nights: int, threshold: float, work: P
             erc, ewall, eout, _ = run(["evaluate", str(plan), str(csv), "--seed", str(1000 + night), "--json"])
             ev = json.loads(eout)
             row.update(evaluate_exit=erc, evaluate_failing=ev["failing"], evaluate_wall_s=round(ewall, 1))
+            if ev["failing"]:  # what they miss, beside the figures the plan was judged with
+                judged = {i["instance_id"]: i.get("twin") for i in json.loads(plan.read_text())["instances"]}
+                row["evaluate_misses"] = [{"instance_id": i["instance_id"], "misses": i["misses"],
+                                           "judged": judged.get(i["instance_id"])}
+                                          for i in ev["instances"] if not i["ok"]]
             if night == 0:
                 row["gpus"] = ev["gpus"]
         row["adapters"] = len(wl)

@@ -69,8 +69,8 @@ def slo_options(fn):
     fn = click.option("--min-served", "min_served", type=click.FloatRange(STARVATION_THRESHOLD, 1.0, max_open=True),
                       default=None, metavar="FRACTION",
                       help="Share of its arriving tokens each GPU must serve in the twin [0.95]. Down to 0.9 (the "
-                           "starvation rule; the paper's greedy packs that densely); a GPU near its limit must meet "
-                           "it with four more arrival seeds.")(fn)
+                           "starvation rule; the paper's greedy packs that densely); a GPU near its limit must also "
+                           "meet it with 5 % more traffic.")(fn)
     fn = click.option("--max-tpot", "max_tpot", type=click.FloatRange(min=0, min_open=True), default=None,
                       metavar="MS", help="The SLO's p99 time per output token in the twin [200 ms with --objective "
                                          "slo]; a workload's max_tpot_ms column tightens it per adapter.")(fn)

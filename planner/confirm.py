@@ -32,7 +32,8 @@ from planner.verdict import (
     CONFIRM_RATIO,
     DEFAULT_BAR,
     DEFAULT_RUN,
-    EXTRA_SEEDS,
+    EDGE_LOAD,
+    EDGE_SEED,
     ServiceBar,
     TwinCheck,
     TwinRun,
@@ -115,7 +116,7 @@ class Confirmation:
 
         return {
             "by": "twin", "duration_s": self.run.duration_s, "seed": self.run.seed,
-            "extra_seeds_near_the_edge": list(EXTRA_SEEDS), **self.bar.to_dict(),
+            "near_the_edge": {"load": EDGE_LOAD, "seed": EDGE_SEED}, **self.bar.to_dict(),
             "margin": round(self.margin, 4), "rounds": self.rounds, "repacked_gpus": self.repacked,
             "retuned_gpus": self.retuned, "twin_packed_gpus": self.twin_packed,
             "failing_gpus": sum(r is None or not r["meets"] for r in self.rows),

@@ -55,16 +55,16 @@ from planner.placement import (
     engine_settings,
     plan_inputs,
 )
-from planner.verdict import DEFAULT_BAR, DEFAULT_RUN, EXTRA_SEEDS, ServiceBar, TwinRun
+from planner.verdict import DEFAULT_BAR, DEFAULT_RUN, EDGE_LOAD, EDGE_SEED, ServiceBar, TwinRun
 from twin.errors import BadInputError, InfeasibleError, LoraPlannerError
 
 _SHARE_EPS = 1e-9
 #: Rounds of repairing GPUs the twin finds short before what is left is packed anew.
 REPAIR_ROUNDS = 4
 #: Receiving GPUs tried per adapter to place (the least loaded first).
-CANDIDATES = 8
+CANDIDATES = 16
 #: GPUs tried as the one to empty per consolidation step.
-CONSOLIDATION_TRIES = 8
+CONSOLIDATION_TRIES = 40
 
 
 @dataclass(frozen=True)
@@ -449,7 +449,7 @@ def _placement(previous: Placement, workload_path, req: PackRequest, work: _Repl
     inputs = plan_inputs(workload_path, req, "greedy", 0.0)
     if bar is not None:
         inputs["confirmation"] = {"by": "twin", "duration_s": work.judge.run.duration_s, "seed": work.judge.run.seed,
-                                  "extra_seeds_near_the_edge": list(EXTRA_SEEDS), **bar.to_dict(),
+                                  "near_the_edge": {"load": EDGE_LOAD, "seed": EDGE_SEED}, **bar.to_dict(),
                                   "failing_gpus": sum(not i.ok for i in instances),
                                   "worst_served": min((i.twin["served"] for i in instances if i.twin), default=None),
                                   "worst_ttft_ms_p99": max((i.twin["ttft_ms_p99"] or 0 for i in instances if i.twin),

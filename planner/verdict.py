@@ -12,10 +12,14 @@ GPU ``bar.slowdown`` times slower than the profile says, and the GPU passes when
   requests it finished) and p99 time per output token within ``max_tpot_ms``; an adapter's own SLO
   (the workload's ``max_ttft_s`` / ``max_tpot_ms`` columns) tightens it for the GPU that serves it.
 
-A GPU near the edge, where one arrival seed can pass what another fails (serving under
-:data:`CONFIRM_RATIO`, or a p99 TTFT above half its limit or a p99 TPOT above :data:`NEAR_TPOT` of its
-limit: p99 TTFT rises from tenths of a second to minutes within a few per cent of load), must pass with
-the :data:`EXTRA_SEEDS` as well, its worst figures kept.
+A GPU near the edge, where one arrival seed can pass what another fails, must also pass with
+:data:`EDGE_LOAD` times its traffic (arrival seed :data:`EDGE_SEED`); its figures are then the worse of the
+two runs (throughput and arriving tokens are the first run's). Near the edge is serving under
+:data:`CONFIRM_RATIO`, a p99 TTFT above :data:`NEAR_TTFT` of its limit, or a p99 TPOT above :data:`NEAR_TPOT`
+of its limit: close to a GPU's capacity its steps grow long (TPOT) and p99 TTFT jumps from tenths of a
+second to many seconds from one arrival seed to the next (a GPU of 64 rank-32 adapters judged at 0.29 s and
+133 ms TPOT took 6.4 s with another seed, and 14-35 s with 5 % more traffic whatever the seed): a little more
+load shows where the knee is.
 
 The default SLO, p99 TTFT <= 2 s and p99 TPOT <= 200 ms, is the interactive bound MLCommons sets for
 its LLM server benchmarks (MLPerf Inference, Llama-2-70B server scenario): a user sees the first token
@@ -28,7 +32,7 @@ twin passes holds on the real one too (benchmarks/edge_margin.py).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -44,12 +48,13 @@ CONFIRM_SEED = 0
 #: noise between one arrival seed and another (GPUs at 0.914 and 0.946 with seed 0 fell below 0.9 with seed
 #: 1). Rounded: 0.9 + 0.05 is 0.9500000000000001 in floating point.
 CONFIRM_RATIO = round(STARVATION_THRESHOLD + 0.05, 9)
-#: A GPU near the edge must also pass with these seeds. They differ from ``planner evaluate --seed`` 1, which
-#: benchmarks use as an independent check.
-EXTRA_SEEDS = (101, 102, 103, 104)
+#: A GPU near the edge must also pass with this much more traffic, drawn with this seed (it differs from
+#: ``planner evaluate --seed`` 1, which benchmarks use as an independent check).
+EDGE_LOAD = 1.05
+EDGE_SEED = 101
 #: Near the edge: p99 TTFT above this share of its limit, p99 TPOT above this share of its own.
-NEAR_TTFT = 0.5
-NEAR_TPOT = 0.8
+NEAR_TTFT = 0.25
+NEAR_TPOT = 0.6
 DEFAULT_MAX_TTFT_S = 2.0
 DEFAULT_MAX_TPOT_MS = 200.0
 OBJECTIVES = ("slo", "throughput")
@@ -135,6 +140,7 @@ class TwinCheck:
     itl_ms_mean: np.ndarray
     max_ttft_ms: np.ndarray  # the GPU's limits (inf: none)
     max_tpot_ms: np.ndarray
+    edge_checked: np.ndarray  # bool: near the edge, so also run at EDGE_LOAD x its traffic
 
     def keeps_up(self, bar: ServiceBar) -> np.ndarray:
         return self.ratio >= bar.min_served
@@ -167,14 +173,13 @@ class TwinCheck:
         return TwinCheck(*(getattr(self, f)[mask] for f in _FIELDS))
 
     def worst(self, other: TwinCheck, mask: np.ndarray) -> TwinCheck:
-        """This check with the GPUs where ``mask`` is true replaced by the worse of it and ``other`` (one entry
-        per such GPU)."""
+        """This check with the GPUs where ``mask`` is true given the worse figures of it and ``other`` (one entry
+        per such GPU; throughput and arriving tokens stay this check's)."""
         out = {f: getattr(self, f).copy() for f in _FIELDS}
-        worse = other.ratio < self.ratio[mask]
-        for f in ("throughput_tok_s", "arriving_tok_s", "ratio"):
-            out[f][mask] = np.where(worse, getattr(other, f), out[f][mask])
+        out["ratio"][mask] = np.fmin(out["ratio"][mask], other.ratio)
         for f in ("ttft_ms_p99", "tpot_ms_p99", "itl_ms_mean"):
             out[f][mask] = np.fmax(out[f][mask], getattr(other, f))
+        out["edge_checked"] = self.edge_checked | mask
         return TwinCheck(**out)
 
     def row(self, k: int, bar: ServiceBar) -> dict[str, Any]:
@@ -185,12 +190,12 @@ class TwinCheck:
             "itl_ms_mean": _ms(self.itl_ms_mean[k]),
             "max_ttft_ms": None if np.isinf(self.max_ttft_ms[k]) else float(self.max_ttft_ms[k]),
             "max_tpot_ms": None if np.isinf(self.max_tpot_ms[k]) else float(self.max_tpot_ms[k]),
-            "meets": bool(self.meets(bar)[k]),
+            "meets": bool(self.meets(bar)[k]), "edge_checked": bool(self.edge_checked[k]),
         }
 
 
 _FIELDS = ("ratio", "ttft_ms_p99", "tpot_ms_p99", "throughput_tok_s", "arriving_tok_s", "itl_ms_mean", "max_ttft_ms",
-           "max_tpot_ms")
+           "max_tpot_ms", "edge_checked")
 
 
 def _ms(x: float) -> float | None:
@@ -204,7 +209,7 @@ def check_of(pred: Predictions, scenarios: list[GpuScenario]) -> TwinCheck:
     return TwinCheck(ratio, pred.ttft_ms_p99_all,
                      pred.tpot_ms_p99, pred.throughput_tok_s, pred.arriving_tok_s, pred.itl_ms_mean,
                      np.array([s.max_ttft_ms for s in scenarios], float),
-                     np.array([s.max_tpot_ms for s in scenarios], float))
+                     np.array([s.max_tpot_ms for s in scenarios], float), np.zeros(len(scenarios), bool))
 
 
 @dataclass(frozen=True)
@@ -229,16 +234,12 @@ DEFAULT_RUN = TwinRun()
 
 def twin_check(profile, policy, scenarios: list[GpuScenario], bar: ServiceBar, run: TwinRun = DEFAULT_RUN,
                progress: Callable[[int, int], None] | None = None) -> TwinCheck:
-    """Simulate each GPU with the run's seed and, judging with the plan's own seed, those that pass near the edge
-    with :data:`EXTRA_SEEDS` too (their worst figures kept)."""
-    first, *more = (CONFIRM_SEED, *EXTRA_SEEDS) if run.seed == CONFIRM_SEED else (run.seed,)
-    check = check_of(run.predictor(profile, policy, bar.slowdown, first, progress).predict(scenarios), scenarios)
-    for seed in more:
-        again = check.meets(bar) & check.near_edge()
-        if not again.any():
-            break
-        subset = [sc for sc, a in zip(scenarios, again) if a]
-        check = check.worst(check_of(run.predictor(profile, policy, bar.slowdown, seed).predict(subset), subset),
-                            again)
-    return check
-
+    """Simulate each GPU with the run's seed; judging with the plan's own seed, run those that pass near the
+    edge again at :data:`EDGE_LOAD` x their traffic, and keep the worse figures (module docstring)."""
+    check = check_of(run.predictor(profile, policy, bar.slowdown, progress=progress).predict(scenarios), scenarios)
+    again = check.meets(bar) & check.near_edge()
+    if run.seed != CONFIRM_SEED or not again.any():
+        return check
+    more = [replace(sc, rates_rps=sc.rates_rps * EDGE_LOAD) for sc, a in zip(scenarios, again) if a]
+    loaded = check_of(run.predictor(profile, policy, bar.slowdown, EDGE_SEED).predict(more), more)
+    return check.worst(loaded, again)

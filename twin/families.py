@@ -109,7 +109,7 @@ def fleet_nights(family: str, n: int, seed: int, nights: int, churn: float = 0.0
     amplitude ``weekly``); each adapter retires with probability ``churn`` and about ``churn`` x n new
     ones join; on ``hot_night`` one adapter jumps to ``hot_rps`` (more than one GPU serves), then cools by
     ``cooling`` a night back to its walk."""
-    rng = np.random.default_rng(np.random.SeedSequence([seed, n, nights, 7]))
+    rng = np.random.default_rng(np.random.SeedSequence([seed, n, 7]))  # a longer run extends a shorter one
     base = list(family_workload(family, n, seed).adapters)
     walk = np.zeros(len(base))
     heat = np.ones(len(base))
