@@ -1,0 +1,129 @@
+"""The nightly re-plan (planner.replan): idempotent, repairing, consolidating, explained, deployable."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import stat
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from planner.cli import main
+from twin.families import family_workload, fleet_nights, write_workload_csv
+from twin.workload import Workload
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def _run(*args):
+    res = CliRunner().invoke(main, [str(a) for a in args])
+    return res
+
+
+def _plan(tmp_path, wl: Workload, name="plan.json"):
+    csv, out = tmp_path / "w.csv", tmp_path / name
+    write_workload_csv(wl, csv)
+    res = _run("plan", csv, "--out", out)
+    assert res.exit_code == 0, res.output
+    return csv, out
+
+
+def test_the_same_workload_changes_nothing(tmp_path):
+    csv, plan = _plan(tmp_path, family_workload("zipf", 300, 0))
+    res = _run("replan", csv, "--previous", plan, "--out", tmp_path / "same.json", "--json")
+    assert res.exit_code == 0, res.output
+    ch = json.loads(res.stdout)["changes"]
+    assert ch["moved_adapters"] == [] and ch["restarts"] == [] and ch["new_instances"] == []
+    assert ch["removed_instances"] == [] and all(not c["load"] and not c["unload"] for c in ch["instances"])
+
+
+def test_a_busier_day_is_repaired_and_every_move_and_restart_says_why(tmp_path):
+    """10 % of the adapters three times as busy, 5 % gone, 5 % new."""
+    wl = family_workload("log-uniform", 400, 3)
+    _csv, plan = _plan(tmp_path, wl)
+    kept = [replace(a, rate_rps=a.rate_rps * (3 if k % 10 == 0 else 1)) for k, a in enumerate(wl.adapters[20:])]
+    new = [replace(a, adapter_id=f"new-{k}") for k, a in enumerate(family_workload("log-uniform", 20, 4).adapters)]
+    next_csv = tmp_path / "next.csv"
+    write_workload_csv(Workload(tuple(kept + new)), next_csv)
+    res = _run("replan", next_csv, "--previous", plan, "--out", plan, "--json")
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    ch = doc["changes"]
+    assert doc["summary"]["all_ok"] and doc["summary"]["gpus"] <= ch["fresh_plan_gpus"] + 1
+    assert len(ch["dropped_adapters"]) == 20 and ch["added_adapters"]
+    assert ch["moves"] and all(m["reason"].split(":")[0] in ("short", "consolidation", "new capacity")
+                               for m in ch["moves"])
+    for inst in ch["instances"]:
+        assert inst["restart"] == bool(inst["restart_because"])
+        assert all(why.startswith(("--max-loras", "--max-lora-rank", "--max-cpu-loras")) for why in inst["restart_because"])
+    assert _run("evaluate", plan, next_csv, "--seed", 1).exit_code == 0
+    table = _run("render", plan).output
+    assert "re-plan:" in table and "a fresh plan of the same day" in table
+
+
+def test_a_quieter_day_consolidates_to_a_fresh_plans_gpus_within_the_budget(tmp_path):
+    wl = family_workload("log-uniform", 500, 5)
+    _csv, plan = _plan(tmp_path, wl)
+    half = Workload(tuple(replace(a, rate_rps=a.rate_rps / 2) for a in wl.adapters))
+    quiet = tmp_path / "quiet.csv"
+    write_workload_csv(half, quiet)
+    frozen = json.loads(_run("replan", quiet, "--previous", plan, "--out", tmp_path / "frozen.json",
+                             "--max-moves", "0", "--json").stdout)
+    assert frozen["changes"]["moved_adapters"] == []  # no moves allowed, no GPU saved
+    assert frozen["summary"]["gpus"] == len(json.loads(plan.read_text())["instances"])
+    res = _run("replan", quiet, "--previous", plan, "--out", tmp_path / "quiet.json", "--json")
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    ch = doc["changes"]
+    assert doc["summary"]["gpus"] <= ch["fresh_plan_gpus"] < frozen["summary"]["gpus"]
+    assert ch["removed_instances"] and all(m["reason"].startswith("consolidation") for m in ch["moves"])
+
+
+def test_the_readme_crontab_line_thirty_nights_in_a_row(tmp_path):
+    """The README's nightly line, run on 30 nights of a small fleet (rates walk and cycle weekly, adapters
+    come and go, one turns hot and cools), ends with a plan `planner evaluate` passes with a new seed."""
+    line = next(ln for ln in README.read_text().splitlines() if "planner replan" in ln and "* * *" in ln)
+    argv = shlex.split(line.split("&&", 1)[1].split(">>")[0])
+    assert argv[:2] == ["planner", "replan"]
+    os.chdir(tmp_path)
+    for night, wl in enumerate(fleet_nights("log-uniform", 150, 1, 30)):
+        write_workload_csv(wl, tmp_path / "next-day.csv")
+        if night == 0:
+            assert _run("plan", "next-day.csv", "--out", "plan.json").exit_code == 0
+            continue
+        res = _run(*argv[1:])
+        assert res.exit_code == 0, (night, res.output)
+    res = _run("evaluate", "plan.json", "next-day.csv", "--seed", 7)
+    assert res.exit_code == 0, res.output
+
+
+def test_the_plan_keeps_its_file_mode_and_a_new_file_follows_the_umask(tmp_path):
+    csv, plan = _plan(tmp_path, family_workload("zipf", 120, 2))
+    plan.chmod(0o640)
+    assert _run("replan", csv, "--previous", plan, "--out", plan).exit_code == 0
+    assert stat.S_IMODE(plan.stat().st_mode) == 0o640
+    old = os.umask(0o022)
+    try:
+        assert _run("replan", csv, "--previous", plan, "--out", tmp_path / "fresh.json").exit_code == 0
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "fresh.json").stat().st_mode) == 0o644
+
+
+@pytest.mark.parametrize("out", ["missing-dir/plan.json", "plan.json/x.json"])
+def test_an_output_that_cannot_be_written_is_refused_before_any_work(tmp_path, out):
+    csv, plan = _plan(tmp_path, family_workload("zipf", 60, 2))
+    res = _run("replan", csv, "--previous", plan, "--out", tmp_path / out)
+    assert res.exit_code == 2 and "--out" in res.output and "Traceback" not in res.output
+
+
+def test_a_replan_renders_as_launch_commands(tmp_path):
+    csv, plan = _plan(tmp_path, family_workload("zipf", 60, 2))
+    res = _run("replan", csv, "--previous", plan, "--out", plan, "--format", "vllm", "--model", "/m")
+    assert res.exit_code == 0 and res.output.count("vllm.entrypoints.openai.api_server") == len(
+        json.loads(plan.read_text())["instances"])
+    assert _run("render", plan, "--format", "vllm").output == _run("render", plan, "--format", "vllm").output
