@@ -83,13 +83,13 @@ def test_a_quieter_day_consolidates_to_a_fresh_plans_gpus_within_the_budget(tmp_
     assert ch["removed_instances"] and all(m["reason"].startswith("consolidation") for m in ch["moves"])
 
 
-def test_the_readme_crontab_line_thirty_nights_in_a_row(tmp_path):
+def test_the_readme_crontab_line_thirty_nights_in_a_row(tmp_path, monkeypatch):
     """The README's nightly line, run on 30 nights of a small fleet (rates walk and cycle weekly, adapters
     come and go, one turns hot and cools), ends with a plan `planner evaluate` passes with a new seed."""
     line = next(ln for ln in README.read_text().splitlines() if "planner replan" in ln and "* * *" in ln)
     argv = shlex.split(line.split("&&", 1)[1].split(">>")[0])
     assert argv[:2] == ["planner", "replan"]
-    os.chdir(tmp_path)
+    monkeypatch.chdir(tmp_path)
     for night, wl in enumerate(fleet_nights("log-uniform", 150, 1, 30)):
         write_workload_csv(wl, tmp_path / "next-day.csv")
         if night == 0:
