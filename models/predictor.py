@@ -32,10 +32,10 @@ from typing import Protocol
 
 import numpy as np
 
-from twin.errors import BadInputError, ProfileError
+from twin.errors import BadInputError
 from twin.policies.spec import PolicySpec
 from twin.profile import Profile
-from twin.simulate import STARVATION_THRESHOLD, SimConfig, simulate
+from twin.simulate import MAX_SIM_REQUESTS, STARVATION_THRESHOLD, SimConfig, expected_requests, simulate
 from twin.workload import Adapter, Workload
 
 
@@ -160,6 +160,8 @@ def _simulate(profile: Profile, duration_s: float, seed: int, policy: PolicySpec
         Adapter(f"a{j}", int(sc.ranks[j]), float(sc.rates_rps[j]), float(sc.input_tokens[j]), float(sc.output_tokens[j]))
         for j in range(len(sc))
     ))
+    if expected_requests(workload, duration_s) > MAX_SIM_REQUESTS:  # far beyond any GPU: starved, not drawn
+        return 0.0, sc.arriving_tok_s, float("inf"), float("inf"), float("inf")
     config = SimConfig(a_max=sc.a_max, duration_s=duration_s, seed=seed, max_lora_rank=sc.max_lora_rank, policy=policy,
                        **({} if arrivals is None else {"arrivals": arrivals}))
     res = simulate(workload, profile, config)
@@ -200,9 +202,11 @@ def load_predictor(profile: Profile, kind: str = "twin", policy: PolicySpec | No
 
 
 def default_predictor(profile: Profile, policy: PolicySpec | None = None) -> Predictor:
-    """The ``surrogate`` when an artifact for this very profile and policy loads, else the ``twin``
-    (the artifact is read once: it is the largest file a plan reads)."""
-    try:
-        return load_predictor(profile, "surrogate", policy)
-    except ProfileError:
+    """The ``surrogate`` when an artifact for this profile and policy ships, else the ``twin``. An artifact
+    that is there but damaged, or made for another version of the profile, is an error (ProfileError naming
+    the file and the command that rebuilds it), never a silent fall back to the slower twin."""
+    from models.surrogate import artifact_dir, has_artifact
+
+    if not has_artifact(profile, artifact_dir(profile, None, policy)):
         return load_predictor(profile, "twin", policy)
+    return load_predictor(profile, "surrogate", policy)

@@ -21,6 +21,8 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import zipfile
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,7 +144,7 @@ def artifact_metadata(profile: Profile, directory: str | Path | None = None,
                            f"`{train}` or use --predictor twin")
     try:
         meta = json.loads((d / METADATA_FILE).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ProfileError(f"{d / METADATA_FILE}: unreadable surrogate metadata ({exc}); {rebuild}") from None
     if meta.get("artifact_schema_version") != ARTIFACT_SCHEMA_VERSION:
         raise ProfileError(f"{d}: surrogate schema {meta.get('artifact_schema_version')} is not "
@@ -180,7 +182,7 @@ def _read_forests(d: Path, meta: dict[str, Any], rebuild: str) -> dict[str, Flat
     try:
         with np.load(d / ARRAYS_FILE, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as exc:
         raise ProfileError(f"{d / ARRAYS_FILE}: unreadable surrogate arrays ({exc}); {rebuild}") from None
     names = (*FOREST_NAMES, *(n for n in LATENCY_FORESTS if f"{n}.roots" in arrays))
     try:

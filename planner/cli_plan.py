@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 import time
 
@@ -48,10 +49,17 @@ Examples:
 
 def load_predictor_for(profile, kind: str, policy=None):
     """``auto``: the trained surrogate of the profile and serving policy when one ships, else the twin
-    (slow, exact)."""
+    (slow, exact), said on stderr."""
     from models.predictor import default_predictor, load_predictor
 
-    return default_predictor(profile, policy) if kind == "auto" else load_predictor(profile, kind, policy)
+    if kind != "auto":
+        return load_predictor(profile, kind, policy)
+    predictor = default_predictor(profile, policy)
+    if predictor.kind == "twin":
+        _stderr(f"no surrogate ships for profile {profile.profile_id}"
+                + (f" under policy {policy.name}" if policy is not None else "")
+                + ": packing with the twin itself (exact, slower)")
+    return predictor
 
 
 def _stderr(msg: str) -> None:
@@ -340,7 +348,13 @@ def verify(placement_file, engine, duration, warmup, model, adapter_dir, synthes
     from planner.verify import VerifySettings, synthesize_for, verify_placement
     from twin import BadInputError, InfeasibleError, load_profile
 
-    placement = read_placement(placement_file)
+    placement = read_placement(placement_file)  # checked against its schema before anything starts
+    if not placement.instances:
+        raise BadInputError(f"{placement_file} plans no GPU: there is nothing to verify")
+    missing_extras = [m for m in ("aiohttp", "tokenizers", "pyarrow", *(("safetensors",) if synthesize else ()))
+                      if importlib.util.find_spec(m) is None]
+    if missing_extras:
+        raise BadInputError(f"planner verify needs {', '.join(missing_extras)}: pip install 'lora-planner[harness]'")
     if "policy" in placement.inputs:
         raise BadInputError(f"{placement_file} was planned for servers running {placement.inputs['policy']['name']}, "
                             "which real vLLM does not implement; check it in the twin with `planner evaluate`, or "

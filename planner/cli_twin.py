@@ -102,6 +102,7 @@ def simulate(workload, a_max, profile_id, duration, warmup, seed, arrivals, inpu
     from planner.workload_csv import read_workload
     from twin import (
         DEFAULT_PROFILE_ID,
+        BadInputError,
         Conversations,
         PoissonArrivals,
         SimConfig,
@@ -113,6 +114,11 @@ def simulate(workload, a_max, profile_id, duration, warmup, seed, arrivals, inpu
     profile = load_profile(profile_id or DEFAULT_PROFILE_ID).with_latency_variant(latency_model)
     wl = read_workload(workload, profile)
     mean_lengths(wl, profile, input_tokens, output_tokens)  # a request that cannot fit is bad input
+    from twin.simulate import MAX_SIM_REQUESTS, expected_requests
+
+    if expected_requests(wl, duration) > MAX_SIM_REQUESTS:
+        raise BadInputError(f"{expected_requests(wl, duration):,.0f} requests in {duration:g} s is more than one "
+                            f"simulation draws ({MAX_SIM_REQUESTS:,}); shorten --duration or lower the rates")
     cfg = SimConfig(
         a_max=a_max, duration_s=duration, warmup_s=warmup, seed=seed,
         arrivals=UnpredictableArrivals() if arrivals == "unpredictable" else PoissonArrivals(),

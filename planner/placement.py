@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
-import json
 import os
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
@@ -21,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from planner.packing import GpuGroup, PackRequest, group_scenario
+from planner.workload_csv import printable
 from twin.atomic import json_safe
 from twin.errors import BadInputError
 from twin.policies.spec import policy_record
@@ -218,40 +218,32 @@ def plan_inputs(workload_path, req: PackRequest, algorithm: str, headroom: float
 # Reading a placement back
 
 
-def _fail(path, msg: str) -> BadInputError:
-    return BadInputError(f"{path}: {msg}")
+#: The largest placement file read (a plan of 100,000 adapters is about 45 MB).
+MAX_PLACEMENT_BYTES = 512 * 1024 * 1024
 
 
 def read_placement(path: str | os.PathLike) -> Placement:
-    """Load and check a placement JSON written by `planner plan` / `planner replan`."""
+    """Load a placement JSON written by `planner plan` / `planner replan`, checked against its schema
+    (planner.schema): BadInputError naming the file and the first bad field."""
+    from planner.schema import validate
+
+    where = printable(str(path))
     try:
-        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+        size = Path(path).stat().st_size
+        if size > MAX_PLACEMENT_BYTES:
+            raise BadInputError(f"{where}: {size:,} bytes is more than a placement holds "
+                                f"({MAX_PLACEMENT_BYTES:,} at most)")
+        raw = Path(path).read_bytes()
     except OSError as exc:
-        raise _fail(path, f"cannot read the placement ({exc.strerror})") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise _fail(path, f"is not a placement JSON ({exc})") from None
-    if not isinstance(raw, dict) or raw.get("schema_version") != SCHEMA_VERSION:
-        got = raw.get("schema_version") if isinstance(raw, dict) else None
-        raise _fail(path, f"schema_version is {got!r}; this lora-planner reads placement schema {SCHEMA_VERSION}")
-    try:
-        instances = [
-            InstancePlan(
-                instance_id=str(d["instance_id"]), a_max=int(d["a_max"]), max_lora_rank=int(d["max_lora_rank"]),
-                max_cpu_loras=int(d["max_cpu_loras"]), kv_tokens=d["kv_tokens"],
-                adapters={str(a["adapter_id"]): float(a["share"]) for a in d["adapters"]},
-                predicted_throughput_tok_s=d["predicted_throughput_tok_s"], arriving_tok_s=float(d["arriving_tok_s"]),
-                predicted_starved=d["predicted_starved"], twin=d.get("twin"),
-            )
-            for d in raw["instances"]
-        ]
-        adapters = [{k: a[k] for k in ("adapter_id", "rank", "rate_rps", "input_tokens", "output_tokens", "path")}
-                    for a in raw["adapters"]]
-        placement = Placement(raw["inputs"], instances, adapters, dict(raw["engine"]), raw.get("changes"))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise _fail(path, f"is not a valid placement (missing or bad field {exc})") from None
-    known = {a["adapter_id"] for a in adapters}
-    for inst in instances:
-        unknown = set(inst.adapters) - known
-        if unknown:
-            raise _fail(path, f"instance {inst.instance_id} lists unknown adapter {min(unknown)}")
-    return placement
+        raise BadInputError(f"{where}: cannot read the placement ({exc.strerror})") from None
+    doc = validate(raw, where)
+    instances = [
+        InstancePlan(instance_id=i.instance_id, a_max=i.a_max, max_lora_rank=i.max_lora_rank,
+                     max_cpu_loras=i.max_cpu_loras, kv_tokens=i.kv_tokens,
+                     adapters={a.adapter_id: a.share for a in i.adapters},
+                     predicted_throughput_tok_s=i.predicted_throughput_tok_s, arriving_tok_s=i.arriving_tok_s,
+                     predicted_starved=i.predicted_starved, twin=None if i.twin is None else i.twin.model_dump())
+        for i in doc.instances
+    ]
+    adapters = [a.model_dump() for a in doc.adapters]
+    return Placement(doc.inputs.model_dump(exclude_none=True), instances, adapters, dict(doc.engine), doc.changes)

@@ -7,6 +7,7 @@ import shlex
 from pathlib import PurePosixPath
 
 from planner.placement import InstancePlan, Placement
+from planner.workload_csv import printable
 from twin.errors import BadInputError
 from twin.policies.spec import policy_label
 
@@ -133,22 +134,23 @@ def adapter_path(p: Placement, adapter_id: str, adapter_dir: str) -> str:
 
 def vllm_argv(p: Placement, inst: InstancePlan, model: str, port: int, adapter_dir: str) -> list[str]:
     """argv of one instance's OpenAI server (``python -m vllm.entrypoints.openai.api_server``)."""
-    argv = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--port", str(port)]
+    argv = ["python", "-m", "vllm.entrypoints.openai.api_server", f"--model={model}", "--port", str(port)]
     for key, value in p.engine_args(inst).items():
         flag = "--" + key.replace("_", "-")
         if isinstance(value, bool):
             argv.append(flag if value else "--no-" + key.replace("_", "-"))
         else:
             argv += [flag, str(value)]
-    argv.append("--lora-modules")
-    argv += [f"{aid}={adapter_path(p, aid, adapter_dir)}" for aid in inst.adapters]
+    argv.append("--lora-modules")  # JSON specs: no value can be read as an option or split at an '='
+    argv += [json.dumps({"name": aid, "path": adapter_path(p, aid, adapter_dir)}) for aid in inst.adapters]
     return argv
 
 
 def render_vllm(p: Placement, model: str, port_base: int = 8000, adapter_dir: str = "adapters") -> str:
     """One shell line per GPU (CUDA_VISIBLE_DEVICES=k), quoted safely."""
-    header = (f"# {len(p.instances)} vLLM server(s) for {p.inputs['workload']['path']} "
-              f"(profile {p.inputs['profile_id']}); adapters without a path are looked up in {adapter_dir}/")
+    header = (f"# {len(p.instances)} vLLM server(s) for {printable(str(p.inputs['workload']['path']))} "
+              f"(profile {printable(str(p.inputs['profile_id']))}); adapters without a path are looked up in "
+              f"{printable(adapter_dir)}/")
     lines = [header]
     if "policy" in p.inputs:
         lines.append(f"# NOTE: planned for servers running {policy_label(p.inputs['policy'])}; stock vLLM does not "

@@ -1,6 +1,14 @@
-"""Read and validate workload.csv (one row per adapter; see DESIGN.md "The files between stages").
+"""Read and validate workload.csv (one row per adapter; see docs/workload.md).
 
 Every problem is reported as one line naming the file, the line, the column and the fix.
+
+* **Adapter ids** become the OpenAI ``model`` string a router sends and a directory name under
+  ``--adapter-dir``, so they follow one grammar (:data:`ADAPTER_ID`): 1-256 ASCII characters, letters,
+  digits and ``. _ - : @ + /``, starting with a letter or digit, with no empty, ``.`` or ``..`` path
+  segment. No control character, NUL, space or leading ``-`` (which a command line would read as an
+  option) gets through.
+* **Numbers** are plain decimal or scientific notation in ASCII digits (:data:`NUMBER`; no ``0_1``, no
+  ``nan``/``inf``, no other scripts' digits) and must be finite and within :data:`BOUNDS`.
 """
 
 from __future__ import annotations
@@ -9,6 +17,7 @@ import csv
 import io
 import math
 import os
+import re
 from pathlib import Path
 
 from twin.errors import WorkloadError
@@ -16,18 +25,32 @@ from twin.profile import Profile
 from twin.workload import Adapter, Workload
 
 REQUIRED = ("adapter_id", "rank", "rate_rps")
+ADAPTER_ID = re.compile(r"(?!.*(^|/)\.{1,2}(/|$))(?!.*//)(?!.*/$)[A-Za-z0-9][A-Za-z0-9._:@+/-]{0,255}", re.ASCII)
+NUMBER = re.compile(r"[+]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", re.ASCII)
+INTEGER = re.compile(r"[+]?\d+", re.ASCII)
+#: Physical bounds of each number column (inclusive), with the unit a message names.
+BOUNDS = {"rank": (1, 1024, "a LoRA rank"), "rate_rps": (0.0, 1e5, "requests per second"),
+          "input_tokens": (1.0, 1e7, "mean prompt tokens per request"),
+          "output_tokens": (1.0, 1e7, "mean output tokens per request"),
+          "max_ttft_s": (1e-3, 3600.0, "p99 time to first token, seconds; leave it empty for the plan's"),
+          "max_tpot_ms": (1e-3, 60000.0, "p99 time per output token, ms; leave it empty for the plan's")}
+#: The longest field the reader takes (a path column can be long; an id is at most 256).
+MAX_FIELD = 4096
 OPTIONAL = ("input_tokens", "output_tokens", "path", "max_ttft_s", "max_tpot_ms")
-#: Per-adapter SLO columns: (what it is, unit) for the messages.
-SLO_COLUMNS = {"max_ttft_s": "p99 time to first token, seconds", "max_tpot_ms": "p99 time per output token, ms"}
 
 
 def _fail(path, line: int | None, column: str | None, msg: str) -> WorkloadError:
-    where = f"{path}"
+    where = printable(str(path))
     if line is not None:
         where += f":{line}"
     if column:
         where += f": column '{column}'"
     return WorkloadError(f"{where}: {msg}")
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters escaped, so a message stays one line whatever a name holds."""
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
 
 
 def read_workload(path: str | os.PathLike, profile: Profile | None = None) -> Workload:
@@ -44,8 +67,11 @@ def read_workload(path: str | os.PathLike, profile: Profile | None = None) -> Wo
         raise _fail(path, line, None, "is not UTF-8 text; save the file as UTF-8") from None
     if not text.strip():
         raise _fail(path, None, None, f"is empty; the first line must be a header with {', '.join(REQUIRED)}")
-    rows = list(csv.reader(io.StringIO(text)))
-    header = [h.strip() for h in rows[0]]
+    if "\x00" in text:
+        line = text[:text.index("\x00")].count("\n") + 1
+        raise _fail(path, line, None, "holds a NUL character; save the file as plain CSV text")
+    rows = _rows(path, text)
+    header = [h.strip() for h in rows[0][1]]
     if len(header) == 1 and any(sep in header[0] for sep in (";", "\t", "|")):
         raise _fail(path, 1, None, "uses another delimiter; separate columns with commas")
     missing = [c for c in REQUIRED if c not in header]
@@ -54,46 +80,35 @@ def read_workload(path: str | os.PathLike, profile: Profile | None = None) -> Wo
                     f"(optional: {', '.join(OPTIONAL)})")
     extra = [c for c in header if c not in REQUIRED + OPTIONAL]
     if extra:
-        raise _fail(path, 1, extra[0], f"not a workload column; allowed: {', '.join(REQUIRED + OPTIONAL)}")
+        raise _fail(path, 1, extra[0][:40], f"not a workload column; allowed: {', '.join(REQUIRED + OPTIONAL)}")
     dup = {c for c in header if header.count(c) > 1}
     if dup:
         raise _fail(path, 1, min(dup), "appears twice in the header; keep one")
     col = {c: i for i, c in enumerate(header)}
     adapters: list[Adapter] = []
     seen: dict[str, int] = {}
-    for lineno, row in enumerate(rows[1:], start=2):
+    for lineno, row in rows[1:]:
         if not row or all(not c.strip() for c in row):
             continue
         if len(row) != len(header):
             raise _fail(path, lineno, None, f"has {len(row)} fields but the header has {len(header)}")
         get = {c: row[i].strip() for c, i in col.items()}
-        aid = get["adapter_id"]
-        if not aid:
-            raise _fail(path, lineno, "adapter_id", "is empty; give every adapter a unique name")
+        aid = _adapter_id(path, lineno, get["adapter_id"])
         if aid in seen:
             raise _fail(path, lineno, "adapter_id", f"'{aid}' already appears on line {seen[aid]}; ids must be unique")
         seen[aid] = lineno
-        try:
-            rank = int(get["rank"])
-        except ValueError:
-            raise _fail(path, lineno, "rank", f"'{get['rank']}' is not an integer LoRA rank (e.g. 8, 16, 32)") from None
-        if rank <= 0:
-            raise _fail(path, lineno, "rank", f"{rank} must be a positive LoRA rank")
+        rank = int(_number(path, lineno, "rank", get["rank"], integer=True))
         if profile is not None and profile.kv.rank_for(rank) is None:
             raise _fail(path, lineno, "rank", f"{rank} cannot be served by profile {profile.profile_id} "
                         f"(largest profiled max_lora_rank: {max(profile.kv.lora_ranks)})")
-        rate = _number(path, lineno, "rate_rps", get["rate_rps"], "requests per second, >= 0", minimum=0.0)
-        lengths = {}
-        for c in ("input_tokens", "output_tokens"):
-            v = get.get(c, "")
-            lengths[c] = _number(path, lineno, c, v, "mean tokens per request, >= 1", minimum=1.0) if v else None
-        slo = {}
-        for c, what in SLO_COLUMNS.items():
-            v = get.get(c, "")
-            slo[c] = _number(path, lineno, c, v, f"{what}, > 0; leave it empty for the plan's", minimum=0.0,
-                             positive=True) if v else None
-        adapters.append(Adapter(aid, rank, rate, lengths["input_tokens"], lengths["output_tokens"],
-                                get.get("path") or None, slo["max_ttft_s"], slo["max_tpot_ms"]))
+        rate = _number(path, lineno, "rate_rps", get["rate_rps"])
+        optional = {c: _number(path, lineno, c, get[c]) if get.get(c) else None
+                    for c in ("input_tokens", "output_tokens", "max_ttft_s", "max_tpot_ms")}
+        where = get.get("path") or None
+        if where is not None and any(ord(ch) < 32 or ord(ch) == 127 for ch in where):
+            raise _fail(path, lineno, "path", "holds a control character; give a plain file system path")
+        adapters.append(Adapter(aid, rank, rate, optional["input_tokens"], optional["output_tokens"], where,
+                                optional["max_ttft_s"], optional["max_tpot_ms"]))
     if not adapters:
         raise _fail(path, 2, None, "the file has a header but no adapters; add one row per adapter")
     if not any(a.rate_rps > 0 for a in adapters):
@@ -101,11 +116,56 @@ def read_workload(path: str | os.PathLike, profile: Profile | None = None) -> Wo
     return Workload(tuple(adapters))
 
 
-def _number(path, line, column, text, what, minimum, positive=False) -> float:
+def _rows(path, text: str) -> list[tuple[int, list[str]]]:
+    """(line number, fields) of every record; a malformed file is one clear error, not a csv traceback."""
+    if "\r" in text.replace("\r\n", ""):
+        line = text[:text.replace("\r\n", "\n\n").index("\r")].count("\n") + 1
+        raise _fail(path, line, None, "has a carriage return that does not end a line; save the file with "
+                    "\\n or \\r\\n line endings")
+    reader = csv.reader(io.StringIO(text, newline=""))
+    out = []
+    previous = csv.field_size_limit(MAX_FIELD)  # the csv module's limit is process-wide: put it back after
     try:
-        v = float(text)
-    except ValueError:
-        raise _fail(path, line, column, f"'{text}' is not a number ({what})") from None
-    if not math.isfinite(v) or v < minimum or positive and v <= 0:
-        raise _fail(path, line, column, f"{text} is not valid ({what})")
+        for fields in reader:
+            out.append((reader.line_num, fields))
+    except csv.Error as exc:
+        raise _fail(path, reader.line_num + 1, None, f"is not valid CSV ({exc}); a field holds at most "
+                    f"{MAX_FIELD} characters") from None
+    finally:
+        csv.field_size_limit(previous)
+    return out
+
+
+def adapter_id_problem(aid: str) -> str | None:
+    """Why ``aid`` is not an adapter id of the module docstring's grammar (None: it is)."""
+    if not aid:
+        return "is empty; give every adapter a unique name"
+    if len(aid) > 256:
+        return f"is {len(aid)} characters long; an adapter id has at most 256"
+    if ADAPTER_ID.fullmatch(aid) is None:
+        shown = aid.encode("unicode_escape").decode("ascii")[:60]
+        return (f"'{shown}' is not an adapter id: use letters, digits and . _ - : @ + /, start with a letter "
+                "or digit, and no '.', '..' or empty path segment")
+    return None
+
+
+def _adapter_id(path, line: int, aid: str) -> str:
+    problem = adapter_id_problem(aid)
+    if problem:
+        raise _fail(path, line, "adapter_id", problem)
+    return aid
+
+
+def _number(path, line, column, text, integer=False) -> float:
+    """A number of ``column`` in plain notation, finite and within :data:`BOUNDS`."""
+    lo, hi, what = BOUNDS[column]
+    grammar = INTEGER if integer else NUMBER
+    shown = text.encode("unicode_escape").decode("ascii")[:40]
+    if grammar.fullmatch(text) is None:
+        kind = "an integer" if integer else "a number"
+        raise _fail(path, line, column, f"'{shown}' is not {kind} in plain notation ({what}, e.g. "
+                    f"{'16' if integer else '0.25 or 2.5e-3'})")
+    v = float(text)
+    if not (math.isfinite(v) and lo <= v <= hi):
+        raise _fail(path, line, column, f"{shown} is out of range ({what}, {lo:g} to {hi:g})")
     return v

@@ -11,6 +11,7 @@ here is stopped: on leaving its ``with`` block, at interpreter exit, and on SIGT
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import re
 import signal
@@ -109,7 +110,7 @@ class EngineConfig:
             args += ["--enable-lora", "--max-loras", str(self.max_loras), "--max-lora-rank", str(self.max_lora_rank),
                      "--max-cpu-loras", str(self.cpu_loras)]
             if self.adapters:
-                args += ["--lora-modules", *(f"{name}={path}" for name, path in self.adapters)]
+                args += ["--lora-modules", *(json.dumps({"name": name, "path": path}) for name, path in self.adapters)]
         return args + list(self.extra_args)
 
     def environment(self) -> dict[str, str]:

@@ -75,9 +75,9 @@ def test_placement_json_round_trip_and_router(tmp_path, profile):
 
 
 @pytest.mark.parametrize("content, message", [
-    ("{", "is not a placement JSON"),
-    ('{"schema_version": 99}', "schema_version is 99"),
-    ('{"schema_version": 1, "instances": []}', "missing or bad field"),
+    ("{", "not a valid placement: .*Invalid JSON"),
+    ('{"schema_version": 99}', "schema_version: Input should be 1"),
+    ('{"schema_version": 1, "instances": []}', "inputs: Field required"),
 ])
 def test_bad_placement_files_are_clear_errors(tmp_path, content, message):
     path = tmp_path / "bad.json"
@@ -93,12 +93,13 @@ def test_renderers(tmp_path, profile):
     cmds = [line for line in text.splitlines() if line.startswith("CUDA_VISIBLE_DEVICES")]
     assert len(cmds) == len(p.instances)
     argv = shlex.split(cmds[0].split(" ", 1)[1].rstrip(" &"))
-    assert argv[:3] == ["python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert argv[:4] == ["python", "-m", "vllm.entrypoints.openai.api_server", "--model=/models/llama"]
     assert argv[argv.index("--max-loras") + 1] == str(p.instances[0].a_max)
     assert "--enable-lora" in argv and "--no-enable-prefix-caching" in argv
     mods = argv[argv.index("--lora-modules") + 1:]
-    assert len(mods) == len(p.instances[0].adapters)
-    assert "ad-0=/srv/adapters/odd name;rm -rf" in [m for c in cmds for m in shlex.split(c)]
+    assert len(mods) == len(p.instances[0].adapters) and all(m.startswith("{") for m in mods)
+    specs = [json.loads(m) for c in cmds for m in shlex.split(c) if m.startswith("{")]
+    assert {"name": "ad-0", "path": "/srv/adapters/odd name;rm -rf"} in specs
     table = render_table(p)
     assert "gpu-0" in table and "every GPU keeps up" in table
 

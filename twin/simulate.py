@@ -26,6 +26,9 @@ from twin.states import FINISHED, REJECTED
 from twin.workload import Conversations, LengthModel, PoissonArrivals, Requests, Workload, draw_requests
 
 STARVATION_THRESHOLD = 0.9
+#: The most requests one simulation draws (about 1.5 GB of per-request arrays): more than any one GPU
+#: serves in hours; :func:`expected_requests` says how many a workload would draw.
+MAX_SIM_REQUESTS = 20_000_000
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,11 @@ class SimResult:
                 "waiting": ts[:, 2].astype(int).tolist(), "kv_used_fraction": ts[:, 3].round(4).tolist(),
             }
         return d
+
+
+def expected_requests(workload: Workload, duration_s: float) -> float:
+    """Requests a run of ``duration_s`` draws on average (every adapter's rate times the duration)."""
+    return float(sum(a.rate_rps for a in workload.adapters)) * duration_s
 
 
 def resolve_max_lora_rank(workload: Workload, profile: Profile, requested: int | None = None) -> int:

@@ -1,0 +1,183 @@
+"""The placement JSON's schema (version 1), checked on every read: field paths, types and ranges.
+
+``planner plan`` and ``planner replan`` write a placement; ``evaluate``, ``replan``, ``render`` and
+``verify`` read one, and a router or launch script may too. Everything read goes through
+:func:`validate`, so a hand-edited or damaged file is one line naming the field
+(``instances.3.a_max: Input should be greater than or equal to 1``), never a traceback and never an
+engine started with it. ``python -m planner.schema`` prints the same schema as JSON Schema
+(``docs/placement.schema.json``, for router authors).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from planner.workload_csv import adapter_id_problem, printable
+from twin.errors import BadInputError
+
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+#: An instance id: what `planner render` writes into a shell comment and a router uses as a key.
+InstanceId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
+#: The adapter-id grammar of planner.workload_csv (checked in full by a validator: it needs look-aheads).
+AdapterId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@+/-]{0,255}$")]
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class _Closed(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+def _check_id(value: str) -> str:
+    problem = adapter_id_problem(value)
+    if problem:
+        raise ValueError(f"adapter id {problem}")
+    return value
+
+
+class TwinFigures(_Closed):
+    """A GPU's verdict in the twin (planner.verdict.TwinCheck.row)."""
+
+    served: Annotated[float, Field(ge=0, le=2, allow_inf_nan=False)]
+    throughput_tok_s: NonNegative
+    ttft_ms_p99: NonNegative | None = None
+    tpot_ms_p99: NonNegative | None = None
+    itl_ms_mean: NonNegative | None = None
+    max_ttft_ms: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    max_tpot_ms: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    meets: bool
+    edge_checked: bool = False
+
+
+class AdapterShare(_Closed):
+    adapter_id: AdapterId
+    share: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
+
+    _id = field_validator("adapter_id")(_check_id)
+
+
+class Instance(_Closed):
+    instance_id: InstanceId
+    a_max: Annotated[int, Field(ge=1, le=65536)]
+    max_lora_rank: Annotated[int, Field(ge=1, le=1024)]
+    max_cpu_loras: Annotated[int, Field(ge=1, le=10_000_000)]
+    kv_tokens: Annotated[int, Field(ge=1)] | None
+    adapters: list[AdapterShare]
+    predicted_throughput_tok_s: NonNegative | None
+    arriving_tok_s: NonNegative
+    predicted_starved: bool | None
+    twin: TwinFigures | None = None
+
+    @model_validator(mode="after")
+    def _unique_adapters(self) -> Instance:
+        ids = [a.adapter_id for a in self.adapters]
+        if len(set(ids)) != len(ids):
+            raise ValueError("lists an adapter twice")
+        return self
+
+
+class AdapterRow(_Closed):
+    adapter_id: AdapterId
+    rank: Annotated[int, Field(ge=1, le=1024)]
+    rate_rps: Annotated[float, Field(ge=0, le=1e5, allow_inf_nan=False)]
+    input_tokens: Annotated[float, Field(ge=1, le=1e7, allow_inf_nan=False)]
+    output_tokens: Annotated[float, Field(ge=1, le=1e7, allow_inf_nan=False)]
+    path: Annotated[str, Field(max_length=4096, pattern=r"^[^\x00-\x1f\x7f]*$")] | None = None
+
+    _id = field_validator("adapter_id")(_check_id)
+
+
+class Confirmation(_Open):
+    """How the twin judged the plan (``inputs.confirmation``)."""
+
+    by: Literal["twin"] = "twin"
+    duration_s: Annotated[float, Field(gt=0, le=86400, allow_inf_nan=False)]
+    seed: int
+    objective: Literal["slo", "throughput"] = "slo"
+    min_served: Annotated[float, Field(ge=0.9, lt=1, allow_inf_nan=False)] = 0.95
+    max_ttft_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    max_tpot_ms: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    slowdown: Annotated[float, Field(ge=1, le=10, allow_inf_nan=False)] = 1.0
+
+
+class Workload(_Open):
+    path: str
+    sha256: str
+    adapters: Annotated[int, Field(ge=0)]
+
+
+class Inputs(_Open):
+    workload: Workload
+    profile_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
+    policy: dict[str, Any] | None = None
+    algorithm: str
+    confirmation: Confirmation | None = None
+
+
+class Route(_Closed):
+    instance_id: InstanceId
+    weight: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
+
+
+class PlacementFile(_Closed):
+    """The whole placement JSON."""
+
+    schema_version: Literal[1]
+    inputs: Inputs
+    summary: dict[str, Any] = {}
+    engine: dict[str, int | float | bool | str | None]
+    instances: list[Instance]
+    adapters: list[AdapterRow]
+    router: dict[str, list[Route]] = {}
+    changes: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PlacementFile:
+        ids = [i.instance_id for i in self.instances]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"instance id {next(i for i in ids if ids.count(i) > 1)} appears twice")
+        known = [a.adapter_id for a in self.adapters]
+        if len(set(known)) != len(known):
+            raise ValueError(f"adapter {next(a for a in known if known.count(a) > 1)} appears twice in 'adapters'")
+        names = set(known)
+        served: dict[str, float] = {}
+        for inst in self.instances:
+            for a in inst.adapters:
+                if a.adapter_id not in names:
+                    raise ValueError(f"instance {inst.instance_id} lists unknown adapter {a.adapter_id}")
+                served[a.adapter_id] = served.get(a.adapter_id, 0.0) + a.share
+        over = [a for a, s in served.items() if s > 1.0 + 1e-6]
+        if over:
+            raise ValueError(f"adapter {over[0]}'s traffic shares over the instances add up to "
+                             f"{served[over[0]]:.6g}, more than 1")
+        return self
+
+
+def validate(text: str | bytes, where: str) -> PlacementFile:
+    """The placement in ``text`` (JSON), checked; BadInputError naming the first bad field otherwise."""
+    try:
+        return PlacementFile.model_validate_json(text)
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        loc = ".".join(str(p) for p in err["loc"]) or "(the document)"
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise BadInputError(printable(f"{where}: not a valid placement: {loc}: {err['msg']}{more}")) from None
+
+
+def json_schema() -> dict[str, Any]:
+    schema = PlacementFile.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "lora-planner placement, schema_version 1"
+    return schema
+
+
+if __name__ == "__main__":
+    json.dump(json_schema(), sys.stdout, indent=1)
+    sys.stdout.write("\n")
