@@ -5,12 +5,34 @@ Exit codes: 0 ok · 1 internal error · 2 bad input · 3 infeasible (e.g. a memo
 
 from __future__ import annotations
 
+import sys
+
 import click
 
 from planner import cli_harness, cli_models, cli_plan, cli_twin
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class OneLineErrors(click.Group):
+    """Usage errors (a bad option value, a missing argument) as one line, like every other error."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        try:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.exceptions.Exit as exc:
+            sys.exit(exc.exit_code)
+        except click.exceptions.Abort:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
+        except click.exceptions.NoArgsIsHelpError as exc:  # a bare `planner` (or group): its help
+            click.echo(exc.ctx.get_help() if exc.ctx else exc.format_message())
+            sys.exit(0)
+        except click.ClickException as exc:
+            where = exc.ctx.command_path if getattr(exc, "ctx", None) else "planner"
+            click.echo(f"error: {exc.format_message()} (see `{where} --help`)", err=True)
+            sys.exit(exc.exit_code)
+
+
+@click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="lora-planner")
 def main() -> None:
     """Plan how many GPUs serve a set of LoRA adapters on vLLM, and check it.

@@ -547,19 +547,30 @@ class AlreadyRunningError(LoraPlannerError):
 def exclusive(out: str | os.PathLike):
     """Hold an exclusive ``flock`` on ``OUT.lock`` (beside the real file, symlinks followed) for the duration;
     refuse at once if another process holds it. The kernel drops the lock when its holder dies, so a lock
-    file left behind never blocks a later run."""
+    file left by a killed run blocks nothing; a run removes its own lock file when done (while it still
+    holds the lock, and a run that opened the removed file sees it is gone and opens the new one)."""
     lock = Path(f"{Path(out).resolve()}.lock")
-    fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
-    try:
+    while True:
+        fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
             raise AlreadyRunningError(f"another re-plan (pid {holder}) is writing {out}; wait for it to finish") from None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(lock).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # the file was removed by the run that held it: lock the one there now
+    try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         yield
     finally:
+        lock.unlink(missing_ok=True)
         os.close(fd)
 
 

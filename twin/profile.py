@@ -357,7 +357,7 @@ def load_profile(id_or_path: str | os.PathLike = DEFAULT_PROFILE_ID) -> Profile:
             raise ProfileError(f"unknown profile '{id_or_path}' (shipped profiles: {known}; or give a .json path)")
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ProfileError(f"{path}: cannot read profile JSON: {exc}") from None
     return profile_from_dict(raw, where=str(path))
 

@@ -1,0 +1,235 @@
+"""Hostile and careless inputs to the planner's commands, as reproducible cases.
+
+Each :class:`Case` writes its files into a directory and names the command line to run there; every one
+must end with exit code 2, one line of error and no traceback, and write nothing. ``tests/test_hostile_inputs.py``
+runs them in-process; ``python benchmarks/hostile_inputs.py`` runs them as real processes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+GOOD_CSV = "adapter_id,rank,rate_rps\n" + "".join(f"a{i},{8 if i % 2 else 16},{0.2 + 0.05 * (i % 4)}\n"
+                                                  for i in range(12))
+PROFILE = "h100-64gb-llama-3.1-8b"
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    files: Callable[[Path], None]  # writes the case's inputs into a directory
+    argv: tuple[str, ...]  # the planner command, run in that directory
+    out: str | None = None  # a file the command must not create or change
+
+
+def _csv(text: str | bytes) -> Callable[[Path], None]:
+    def write(d: Path) -> None:
+        (d / "w.csv").write_bytes(text if isinstance(text, bytes) else text.encode("utf-8"))
+        (d / "good.csv").write_text(GOOD_CSV)
+
+    return write
+
+
+def _row(adapter_id="x", rank="8", rate="0.5", extra: dict[str, str] | None = None) -> str:
+    cols = {"adapter_id": adapter_id, "rank": rank, "rate_rps": rate, **(extra or {})}
+    header = ",".join(cols)
+    return f"{header}\n{','.join(cols.values())}\n" + "".join(
+        f"{','.join(['ok' + str(i), '8', '0.5', *(['' for _ in range(len(cols) - 3)])])}\n" for i in range(3))
+
+
+#: Workload files that are bad input, by what is wrong with them.
+BAD_WORKLOADS: dict[str, str | bytes] = {
+    "id-newline": 'adapter_id,rank,rate_rps\n"a\nb",8,0.5\n',
+    "id-carriage-return": 'adapter_id,rank,rate_rps\n"a\rb",8,0.5\n',
+    "id-tab": _row("a\tb"),
+    "id-escape": _row("a\x1b[31mred"),
+    "id-leading-dash": _row("-rf"),
+    "id-option": _row("--model=/etc/passwd"),
+    "id-dotdot": _row("../../etc/passwd"),
+    "id-inner-dotdot": _row("a/../../b"),
+    "id-dot": _row("."),
+    "id-double-slash": _row("a//b"),
+    "id-trailing-slash": _row("a/"),
+    "id-absolute": _row("/etc/passwd"),
+    "id-space": _row("a b"),
+    "id-quote": _row("a'b"),
+    "id-dollar": _row("$(touch pwned)"),
+    "id-backtick": _row("`touch pwned`"),
+    "id-semicolon": _row("a;rm -rf /"),
+    "id-non-ascii": _row("adaptér"),
+    "id-emoji": _row("a\U0001f600"),
+    "id-too-long": _row("x" * 300),
+    "id-empty": _row(""),
+    "id-nul": b"adapter_id,rank,rate_rps\na\x00b,8,0.5\n",
+    "rate-underscore": _row(rate="0_1"),
+    "rank-underscore": _row(rank="1_6"),
+    "rank-arabic-indic": _row(rank="\u0668"),
+    "rank-fraction": _row(rank="8.0"),
+    "rank-zero": _row(rank="0"),
+    "rank-huge": _row(rank="4096"),
+    "rank-unservable": _row(rank="64"),
+    "rate-nan": _row(rate="nan"),
+    "rate-inf": _row(rate="inf"),
+    "rate-negative": _row(rate="-0.5"),
+    "rate-hex": _row(rate="0x10"),
+    "rate-huge": _row(rate="1e6"),
+    "rate-overflow": _row(rate="1e400"),
+    "rate-word": _row(rate="fast"),
+    "rate-fullwidth": _row(rate="\uff11"),
+    "tokens-huge": _row(extra={"input_tokens": "1e308", "output_tokens": "100"}),
+    "tokens-zero": _row(extra={"input_tokens": "0", "output_tokens": "100"}),
+    "tokens-over-context": _row(extra={"input_tokens": "130000", "output_tokens": "5000"}),
+    "ttft-zero": _row(extra={"max_ttft_s": "0"}),
+    "ttft-negative": _row(extra={"max_ttft_s": "-1"}),
+    "tpot-huge": _row(extra={"max_tpot_ms": "1e9"}),
+    "path-newline": 'adapter_id,rank,rate_rps,path\nx,8,0.5,"/m/x\ntouch pwned"\n',
+    "cr-only-lines": "adapter_id,rank,rate_rps\rx,8,0.5\ry,8,0.5\r",
+    "stray-cr": "adapter_id,rank,rate_rps\nx\r,8,0.5\n",
+    "field-too-long": "adapter_id,rank,rate_rps\n" + "y" * 200_000 + ",8,0.5\n",
+    "unclosed-quote": 'adapter_id,rank,rate_rps\n"x,8,0.5\n',
+    "utf16": "adapter_id,rank,rate_rps\nx,8,0.5\n".encode("utf-16"),
+    "latin1": "adapter_id,rank,rate_rps\nx\xe9,8,0.5\n".encode("latin-1"),
+    "empty": "",
+    "header-only": "adapter_id,rank,rate_rps\n",
+    "missing-column": "adapter_id,rate_rps\nx,0.5\n",
+    "extra-column": "adapter_id,rank,rate_rps,colour\nx,8,0.5,red\n",
+    "duplicate-column": "adapter_id,rank,rate_rps,rank\nx,8,0.5,8\n",
+    "semicolons": "adapter_id;rank;rate_rps\nx;8;0.5\n",
+    "ragged": "adapter_id,rank,rate_rps\nx,8\n",
+    "decimal-comma": "adapter_id,rank,rate_rps\nx,8,0,5\n",
+    "duplicate-id": "adapter_id,rank,rate_rps\nx,8,0.5\nx,8,0.5\n",
+    "all-zero-rates": "adapter_id,rank,rate_rps\nx,8,0\ny,16,0\n",
+}
+
+
+def _placement(mutate: Callable[[dict], None] | str) -> Callable[[Path], None]:
+    """A good plan of GOOD_CSV (``base.json``, made by the caller) changed by ``mutate``, as plan.json."""
+    def write(d: Path) -> None:
+        (d / "good.csv").write_text(GOOD_CSV)
+        if isinstance(mutate, str):
+            (d / "plan.json").write_text(mutate)
+            return
+        doc = json.loads((d / "base.json").read_text())
+        mutate(doc)
+        (d / "plan.json").write_text(json.dumps(doc))
+
+    return write
+
+
+def _set(path: str, value) -> Callable[[dict], None]:
+    def mutate(doc: dict) -> None:
+        node = doc
+        keys = path.split(".")
+        for k in keys[:-1]:
+            node = node[int(k)] if isinstance(node, list) else node[k]
+        last = keys[-1]
+        if isinstance(node, list):
+            node[int(last)] = value
+        else:
+            node[last] = value
+
+    return mutate
+
+
+def _duplicate_instance(doc: dict) -> None:
+    doc["instances"].append(dict(doc["instances"][0]))
+
+
+#: Placement files that are bad input.
+BAD_PLACEMENTS: dict[str, Callable[[dict], None] | str] = {
+    "truncated": '{"schema_version": 1, "inputs": {',
+    "not-json": "plan: yes\n",
+    "deeply-nested": "[" * 100_000 + "]" * 100_000,
+    "a-list": "[1, 2, 3]",
+    "schema-99": '{"schema_version": 99}',
+    "inputs-list": _set("inputs", [1, 2]),
+    "instances-dict": _set("instances", {"gpu-0": 1}),
+    "a-max-zero": _set("instances.0.a_max", 0),
+    "a-max-negative": _set("instances.0.a_max", -5),
+    "a-max-huge": _set("instances.0.a_max", 10**9),
+    "a-max-fraction": _set("instances.0.a_max", 8.7),
+    "rank-zero": _set("instances.0.max_lora_rank", 0),
+    "rank-4096": _set("instances.0.max_lora_rank", 4096),
+    "share-nan": lambda doc: doc["instances"][0]["adapters"][0].update(share=float("nan")),
+    "share-negative": lambda doc: doc["instances"][0]["adapters"][0].update(share=-1),
+    "share-five": lambda doc: doc["instances"][0]["adapters"][0].update(share=5),
+    "kv-tokens-word": _set("instances.0.kv_tokens", "lots"),
+    "instance-id-newline": _set("instances.0.instance_id", "gpu-0\ntouch pwned"),
+    "instance-id-option": _set("instances.0.instance_id", "--rm"),
+    "duplicate-instance": _duplicate_instance,
+    "unknown-adapter": lambda doc: doc["instances"][0]["adapters"][0].update(adapter_id="ghost"),
+    "adapter-id-dotdot": lambda doc: doc["adapters"][0].update(adapter_id="../../etc/passwd"),
+    "adapter-path-newline": lambda doc: doc["adapters"][0].update(path="/m\ntouch pwned"),
+    "confirmation-junk": _set("inputs.confirmation", "yes"),
+    "min-served-low": _set("inputs.confirmation.min_served", 0.1),
+    "max-ttft-negative": _set("inputs.confirmation.max_ttft_s", -1),
+    "slowdown-huge": _set("inputs.confirmation.slowdown", 1e9),
+    "profile-id-path": _set("inputs.profile_id", "../../../etc/passwd"),
+    "rate-nan": lambda doc: doc["adapters"][0].update(rate_rps=float("nan")),
+    "rank-string": lambda doc: doc["adapters"][0].update(rank="eight"),
+}
+
+
+def cases() -> list[Case]:
+    """Every case: each bad workload for plan, simulate, evaluate and replan; each bad placement for
+    evaluate, replan, render and verify; unwritable outputs; an empty plan for verify."""
+    out: list[Case] = []
+    for name, text in BAD_WORKLOADS.items():
+        write = _csv(text)
+        out += [
+            Case(f"plan/{name}", write, ("plan", "w.csv", "--out", "new.json"), "new.json"),
+            Case(f"simulate/{name}", write, ("simulate", "w.csv", "--a-max", "4", "--duration", "60")),
+            Case(f"evaluate/{name}", _with_base(write), ("evaluate", "base.json", "w.csv")),
+            Case(f"replan/{name}", _with_base(write), ("replan", "w.csv", "--previous", "base.json", "--out",
+                                                        "new.json"), "new.json"),
+        ]
+    for name, mutate in BAD_PLACEMENTS.items():
+        write = _with_base(_placement(mutate))
+        out += [
+            Case(f"evaluate-plan/{name}", write, ("evaluate", "plan.json", "good.csv")),
+            Case(f"replan-plan/{name}", write, ("replan", "good.csv", "--previous", "plan.json", "--out", "new.json"),
+                 "new.json"),
+            Case(f"render/{name}", write, ("render", "plan.json", "--format", "vllm")),
+            Case(f"verify/{name}", write, ("verify", "plan.json", "--engine", "cpu", "--synthesize",
+                                           "--work-dir", "vw"), "vw"),
+        ]
+    for target in ("missing/plan.json", "good.csv/plan.json", "."):
+        out.append(Case(f"plan-out/{target}", _csv(GOOD_CSV), ("plan", "good.csv", "--out", target)))
+        out.append(Case(f"replan-out/{target}", _with_base(_csv(GOOD_CSV)),
+                        ("replan", "good.csv", "--previous", "base.json", "--out", target)))
+    out.append(Case("verify/empty-plan", _with_base(_placement(lambda doc: doc.update(instances=[]))),
+                    ("verify", "plan.json", "--engine", "cpu", "--synthesize", "--work-dir", "vw"), "vw"))
+    return out
+
+
+def _with_base(write: Callable[[Path], None]) -> Callable[[Path], None]:
+    """``write`` after a good plan of GOOD_CSV is put in the directory as base.json (made once, copied)."""
+    def both(d: Path) -> None:
+        (d / "base.json").write_text(base_plan())
+        write(d)
+
+    return both
+
+
+_BASE: list[str] = []
+
+
+def base_plan() -> str:
+    """A good placement of GOOD_CSV (planned once per process)."""
+    if not _BASE:
+        import tempfile
+
+        from click.testing import CliRunner
+
+        from planner.cli import main
+
+        with tempfile.TemporaryDirectory() as tmp:
+            csv = Path(tmp) / "good.csv"
+            csv.write_text(GOOD_CSV)
+            res = CliRunner().invoke(main, ["plan", str(csv), "--json", "--profile", PROFILE, "--jobs", "1"])
+            assert res.exit_code == 0, res.output
+            _BASE.append(res.stdout)
+    return _BASE[0]
