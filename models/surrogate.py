@@ -122,7 +122,7 @@ def artifact_dir(profile: Profile, directory: str | Path | None = None, policy: 
 
 def _rebuild_hint(profile: Profile, policy: PolicySpec | None) -> tuple[str, str]:
     train = f"planner train --profile {profile.profile_id}" + ("" if policy is None else f" --policy {policy.name}")
-    return train, f"rebuild it with `{train}`"
+    return train, f"rebuild it with `{train}`, or plan with --predictor twin (exact, slower)"
 
 
 def client_cap(dataset_files: list[dict[str, Any]]) -> int:

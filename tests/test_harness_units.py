@@ -126,7 +126,8 @@ def test_engine_argv_is_a_list_with_lora_and_kv_settings():
     argv = cfg.argv(1234, python="py")
     assert argv[:3] == ["py", "-m", "vllm.entrypoints.openai.api_server"]
     i = argv.index("--lora-modules")
-    assert argv[i + 1:i + 3] == ["a b;rm -rf=/p q", "c=/r"]
+    assert [json.loads(v) for v in argv[i + 1:i + 3]] == [{"name": "a b;rm -rf", "path": "/p q"},
+                                                          {"name": "c", "path": "/r"}]
     assert argv[argv.index("--max-cpu-loras") + 1] == "2"
     assert argv[argv.index("--kv-cache-memory-bytes") + 1] == str(1 << 20)
     assert argv[argv.index("--host") + 1] == "127.0.0.1"

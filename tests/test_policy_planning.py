@@ -119,7 +119,8 @@ def test_surrogates_are_per_policy(artifacts_root, llama):
     assert d == artifacts_root / "surrogates" / LLAMA / "chameleon" and surrogate_dir(LLAMA).name == LLAMA
     _tiny_artifact(d, llama, CHAMELEON)
     assert default_predictor(llama, CHAMELEON).kind == "surrogate"
-    assert default_predictor(llama, policy_from_name("chameleon", queues=2)).kind == "twin"  # other parameters
+    with pytest.raises(ProfileError, match="--predictor twin"):  # made for other parameters: said, not skipped
+        default_predictor(llama, policy_from_name("chameleon", queues=2))
     assert default_predictor(llama).kind == "twin"  # the stock directory holds no surrogate
     with pytest.raises(ProfileError, match="trained for serving policy chameleon, not vllm"):
         load_artifact(llama, d)
