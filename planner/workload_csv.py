@@ -36,6 +36,9 @@ BOUNDS = {"rank": (1, 1024, "a LoRA rank"), "rate_rps": (0.0, 1e5, "requests per
           "max_tpot_ms": (1e-3, 60000.0, "p99 time per output token, ms; leave it empty for the plan's")}
 #: The longest field the reader takes (a path column can be long; an id is at most 256).
 MAX_FIELD = 4096
+#: The most adapters one workload holds: a plan of 100,000 takes under a minute and 0.5 GB on 2 cores
+#: (benchmarks/fleet_plans.py); this bounds a plan's memory near 1 GB. A larger fleet plans in parts.
+MAX_ADAPTERS = 200_000
 OPTIONAL = ("input_tokens", "output_tokens", "path", "max_ttft_s", "max_tpot_ms")
 
 
@@ -67,6 +70,10 @@ def read_workload(path: str | os.PathLike, profile: Profile | None = None) -> Wo
         raise _fail(path, line, None, "is not UTF-8 text; save the file as UTF-8") from None
     if not text.strip():
         raise _fail(path, None, None, f"is empty; the first line must be a header with {', '.join(REQUIRED)}")
+    lines = text.count("\n")
+    if lines > MAX_ADAPTERS + 1:
+        raise _fail(path, None, None, f"has {lines - 1:,} rows; a workload holds at most {MAX_ADAPTERS:,} adapters "
+                    "(plan a larger fleet in parts, by model or by region)")
     if "\x00" in text:
         line = text[:text.index("\x00")].count("\n") + 1
         raise _fail(path, line, None, "holds a NUL character; save the file as plain CSV text")
