@@ -33,13 +33,21 @@ BOUNDS = {"rank": (1, 1024, "a LoRA rank"), "rate_rps": (0.0, 1e5, "requests per
           "input_tokens": (1.0, 1e7, "mean prompt tokens per request"),
           "output_tokens": (1.0, 1e7, "mean output tokens per request"),
           "max_ttft_s": (1e-3, 3600.0, "p99 time to first token, seconds; leave it empty for the plan's"),
-          "max_tpot_ms": (1e-3, 60000.0, "p99 time per output token, ms; leave it empty for the plan's")}
+          "max_tpot_ms": (1e-3, 60000.0, "p99 time per output token, ms; leave it empty for the plan's"),
+          "input_tokens_cv": (0.0, 100.0, "coefficient of variation"),
+          "output_tokens_cv": (0.0, 100.0, "coefficient of variation"),
+          "requests_observed": (0.0, 1e12, "requests"), "mean_rps_observed": (0.0, 1e5, "requests per second"),
+          "peak_rps_observed": (0.0, 1e5, "requests per second")}
 #: The longest field the reader takes (a path column can be long; an id is at most 256).
 MAX_FIELD = 4096
 #: The most adapters one workload holds: a plan of 100,000 takes under a minute and 0.5 GB on 2 cores
 #: (benchmarks/fleet_plans.py); this bounds a plan's memory near 1 GB. A larger fleet plans in parts.
 MAX_ADAPTERS = 200_000
 OPTIONAL = ("input_tokens", "output_tokens", "path", "max_ttft_s", "max_tpot_ms")
+#: Where a workload came from, as `planner workload` writes it: read and checked, not planned with (the
+#: twin draws lengths with the profile's spread).
+PROVENANCE = ("input_tokens_cv", "output_tokens_cv", "requests_observed", "mean_rps_observed", "peak_rps_observed",
+              "rate_method")
 
 
 def _fail(path, line: int | None, column: str | None, msg: str) -> WorkloadError:
@@ -49,6 +57,47 @@ def _fail(path, line: int | None, column: str | None, msg: str) -> WorkloadError
     if column:
         where += f": column '{column}'"
     return WorkloadError(f"{where}: {msg}")
+
+
+def read_ranks(path: str | os.PathLike) -> dict[str, tuple[int, str | None]]:
+    """adapter id -> (rank, path) from a CSV with ``adapter_id`` and ``rank`` columns (and ``path``, if any;
+    other columns, a workload's rates say, are ignored)."""
+    path = Path(path)
+    try:
+        text = path.read_bytes().decode("utf-8-sig")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _fail(path, None, None, f"cannot read the ranks ({exc})") from None
+    rows = _rows(path, text)
+    if not rows:
+        raise _fail(path, None, None, "is empty; it needs a header with adapter_id,rank")
+    header = [h.strip() for h in rows[0][1]]
+    for c in ("adapter_id", "rank"):
+        if c not in header:
+            raise _fail(path, 1, c, "missing from the header; a ranks file needs adapter_id,rank[,path]")
+    col = {c: header.index(c) for c in ("adapter_id", "rank", "path") if c in header}
+    out: dict[str, tuple[int, str | None]] = {}
+    for lineno, row in rows[1:]:
+        if not row or all(not c.strip() for c in row):
+            continue
+        if len(row) != len(header):
+            raise _fail(path, lineno, None, f"has {len(row)} fields but the header has {len(header)}")
+        aid = _adapter_id(path, lineno, row[col["adapter_id"]].strip())
+        rank = int(_number(path, lineno, "rank", row[col["rank"]].strip(), integer=True))
+        out[aid] = (rank, row[col["path"]].strip() or None if "path" in col else None)
+    return out
+
+
+def write_workload(path, rows: list[dict], columns: tuple[str, ...]) -> None:
+    """workload.csv from ``rows`` (dicts by column; None is an empty field), written atomically."""
+    from twin.atomic import write_text_atomic
+
+    buf = io.StringIO()
+    out = csv.writer(buf, lineterminator="\n")
+    out.writerow(columns)
+    for row in rows:
+        out.writerow(["" if row.get(c) is None else f"{row[c]:.6g}" if isinstance(row[c], float) else row[c]
+                      for c in columns])
+    write_text_atomic(path, buf.getvalue())
 
 
 def printable(text: str) -> str:
@@ -85,9 +134,10 @@ def read_workload(path: str | os.PathLike, profile: Profile | None = None) -> Wo
     if missing:
         raise _fail(path, 1, missing[0], f"missing from the header; it needs {', '.join(REQUIRED)} "
                     f"(optional: {', '.join(OPTIONAL)})")
-    extra = [c for c in header if c not in REQUIRED + OPTIONAL]
+    extra = [c for c in header if c not in REQUIRED + OPTIONAL + PROVENANCE]
     if extra:
-        raise _fail(path, 1, extra[0][:40], f"not a workload column; allowed: {', '.join(REQUIRED + OPTIONAL)}")
+        raise _fail(path, 1, extra[0][:40], f"not a workload column; allowed: {', '.join(REQUIRED + OPTIONAL)} "
+                    f"(and {', '.join(PROVENANCE)})")
     dup = {c for c in header if header.count(c) > 1}
     if dup:
         raise _fail(path, 1, min(dup), "appears twice in the header; keep one")
@@ -111,6 +161,11 @@ def read_workload(path: str | os.PathLike, profile: Profile | None = None) -> Wo
         rate = _number(path, lineno, "rate_rps", get["rate_rps"])
         optional = {c: _number(path, lineno, c, get[c]) if get.get(c) else None
                     for c in ("input_tokens", "output_tokens", "max_ttft_s", "max_tpot_ms")}
+        for c in PROVENANCE[:-1]:
+            if get.get(c):
+                _number(path, lineno, c, get[c])
+        if get.get("rate_method") and not get["rate_method"].isidentifier():
+            raise _fail(path, lineno, "rate_method", f"'{printable(get['rate_method'])[:20]}' is not a method name")
         where = get.get("path") or None
         if where is not None and any(ord(ch) < 32 or ord(ch) == 127 for ch in where):
             raise _fail(path, lineno, "path", "holds a control character; give a plain file system path")
