@@ -106,23 +106,31 @@ def jobs_or_cores(jobs: int | None) -> int:
 
 
 def render_options(fn):
-    """``--format``, ``--json``, ``--model``, ``--adapter-dir`` and ``--port-base``: how a placement is shown
+    """``--format``, ``--json`` and what the launch formats need: how a placement is shown
     (planner.render.render)."""
+    fn = click.option("--name", "manifest_name", default="lora", show_default=True,
+                      help="k8s/llm-d/aibrix: prefix of the objects' names (and the InferencePool's name).")(fn)
+    fn = click.option("--image", default=None,
+                      help="k8s/llm-d/aibrix: the vLLM container image [vllm/vllm-openai:v<the profile's vLLM>].")(fn)
     fn = click.option("--port-base", type=click.IntRange(1, 65535), default=8000, show_default=True,
                       help="--format vllm: port of the first server; one more per GPU.")(fn)
-    fn = click.option("--adapter-dir", default="adapters", show_default=True,
-                      help="--format vllm: where adapters without a 'path' column live (DIR/<adapter_id>).")(fn)
-    fn = click.option("--model", default=None, help="--format vllm: the model path or name [the profile's model].")(fn)
+    fn = click.option("--adapter-dir", default=None,
+                      help="Where adapters without a 'path' column live (DIR/<adapter_id>) [vllm: adapters; "
+                           "k8s/llm-d/aibrix: /adapters, in the container, from the 'lora-adapters' volume claim].")(fn)
+    fn = click.option("--model", default=None, help="The model path or name vLLM loads [the profile's model].")(fn)
     fn = click.option("--json", "as_json", is_flag=True, help="Same as --format json.")(fn)
-    return click.option("--format", "fmt", type=click.Choice(["table", "json", "vllm"]), default="table",
-                        show_default=True,
-                        help="What to print: a table, the placement JSON, or one vLLM server command per GPU.")(fn)
+    return click.option("--format", "fmt", type=click.Choice(["table", "json", "vllm", "k8s", "llm-d", "aibrix"]),
+                        default="table", show_default=True,
+                        help="What to print: a table, the placement JSON, one vLLM server command per GPU, or "
+                             "Kubernetes manifests: plain (k8s), with an InferencePool (llm-d), with AIBrix "
+                             "ModelAdapters (aibrix).")(fn)
 
 
 def show_placement(placement, profile, fmt: str, as_json: bool, model: str | None, port_base: int,
-                   adapter_dir: str) -> None:
+                   adapter_dir: str | None, image: str | None = None, manifest_name: str = "lora") -> None:
     """Print ``placement`` as the :func:`render_options` ask."""
     from planner.render import render
 
+    image = image or f"vllm/vllm-openai:v{profile.engine.version}"
     click.echo(render(placement, "json" if as_json else fmt, model or profile.model.get("name", "MODEL"), port_base,
-                      adapter_dir))
+                      adapter_dir, image, manifest_name))

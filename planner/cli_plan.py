@@ -103,7 +103,7 @@ def _stderr(msg: str) -> None:
 @user_errors
 def plan(workload, profile_id, gpus, algorithm, predictor_kind, policy, policy_params, headroom, input_tokens,
          output_tokens, split_hot, balance, confirm, objective, max_ttft, max_tpot, min_served, slowdown, jobs, seed,
-         out, fmt, as_json, model, adapter_dir, port_base, plot) -> None:
+         out, fmt, as_json, model, adapter_dir, port_base, image, manifest_name, plot) -> None:
     """Plan the fewest GPUs that serve WORKLOAD, which adapter goes where, and each GPU's --max-loras.
 
     WORKLOAD is a CSV with one row per adapter
@@ -139,7 +139,7 @@ def plan(workload, profile_id, gpus, algorithm, predictor_kind, policy, policy_p
         from planner.plot import plot_placement
 
         plot_placement(placement, plot)
-    show_placement(placement, profile, fmt, as_json, model, port_base, adapter_dir)
+    show_placement(placement, profile, fmt, as_json, model, port_base, adapter_dir, image, manifest_name)
     if out and s["all_ok"] and fmt == "table" and not as_json:
         click.echo(f"placement written to {out}")
     if not s["all_ok"]:
@@ -258,7 +258,7 @@ holds the lock on --out (nothing was done). On any failure the files are left as
 @user_errors
 def replan(workload, previous_file, out, profile_id, gpus, predictor_kind, headroom, split_hot, max_moves, max_restarts,
            gpu_tolerance, confirm, objective, max_ttft, max_tpot, min_served, slowdown, jobs, fmt, as_json, model,
-           adapter_dir, port_base) -> None:
+           adapter_dir, port_base, image, manifest_name) -> None:
     """Re-plan for WORKLOAD from the deployed placement: every GPU passes, then the fewest GPUs, then the least churn.
 
     Every GPU is judged in the twin as `planner plan` judges it (by the previous plan's SLO unless
@@ -298,7 +298,7 @@ def replan(workload, previous_file, out, profile_id, gpus, predictor_kind, headr
                                budget=budget, progress=_stderr)
         _stderr("\r")
         write_json_atomic(out, placement.to_dict())
-    show_placement(placement, profile, fmt, as_json, model, port_base, adapter_dir)
+    show_placement(placement, profile, fmt, as_json, model, port_base, adapter_dir, image, manifest_name)
     if fmt == "table" and not as_json:
         click.echo(f"written to {out}")
 
@@ -398,6 +398,7 @@ Examples:
   planner render plan.json                                   # the table (and a re-plan's changes)
   planner render plan.json --format vllm --model /models/llama-3.1-8b --adapter-dir /srv/adapters > launch.sh
   planner render plan.json --json | jq '.router'
+  planner render plan.json --format llm-d --model /models/llama-3.1-8b | kubectl apply -f -
 """
 
 
@@ -405,11 +406,12 @@ Examples:
 @click.argument("placement_file", metavar="PLACEMENT.json", type=click.Path(dir_okay=False))
 @render_options
 @user_errors
-def render(placement_file, fmt, as_json, model, adapter_dir, port_base) -> None:
-    """Show a saved or re-planned placement: a table, its JSON, or one vLLM server command per GPU."""
+def render(placement_file, fmt, as_json, model, adapter_dir, port_base, image, manifest_name) -> None:
+    """Show a saved or re-planned placement: a table, its JSON, one vLLM server command per GPU, or the
+    Kubernetes objects that deploy it (plain, llm-d's InferencePool, AIBrix's ModelAdapters)."""
     from planner.placement import read_placement
     from twin import load_profile
 
     placement = read_placement(placement_file)
     profile = load_profile(placement.inputs.get("profile_id"))
-    show_placement(placement, profile, fmt, as_json, model, port_base, adapter_dir)
+    show_placement(placement, profile, fmt, as_json, model, port_base, adapter_dir, image, manifest_name)

@@ -8,8 +8,9 @@ Formats (``--format``, or told by the file):
   read too), ``model`` (the adapter id a client asked for), ``prompt_tokens`` and ``completion_tokens``
   (top level, or in an OpenAI ``usage`` object).
 * ``litellm``: LiteLLM proxy's spend logs (the rows of its ``LiteLLM_SpendLogs`` table, as its
-  ``/spend/logs`` API or a database export gives them: ``startTime``, ``model``, ``prompt_tokens``,
-  ``completion_tokens``; a JSON array or JSON lines). LiteLLM is a common OpenAI-compatible gateway in
+  ``/spend/logs`` API or a database export gives them: ``startTime``, ``model_group`` (the model a client
+  asked for; else ``model``, the deployment's), ``prompt_tokens``, ``completion_tokens``; a JSON array or
+  JSON lines). LiteLLM is a common OpenAI-compatible gateway in
   front of vLLM that names LoRA adapters as models, and it keeps one row per request with its token counts
   by default, so a fleet behind it already has what a workload needs.
 * ``loadgen``: the per-request records ``planner verify`` and ``planner validate`` store (parquet; times
@@ -98,13 +99,14 @@ def _tokens(record: dict, key: str, where: str) -> float:
     return v
 
 
-def _record(record, where: str, time_key: str | None = None) -> tuple[float, str, float, float]:
+def _record(record, where: str, time_key: str | None = None,
+            model_keys: tuple[str, ...] = ("model",)) -> tuple[float, str, float, float]:
     if not isinstance(record, dict):
         raise BadInputError(f"{where}: a record must be a JSON object")
     key = time_key or next((k for k in TIME_KEYS if k in record), None)
     if key is None:
         raise BadInputError(f"{where}: the record has no time ({', '.join(TIME_KEYS)})")
-    model = record.get("model")
+    model = next((record[k] for k in model_keys if record.get(k)), None)
     if not isinstance(model, str) or not model:
         raise BadInputError(f"{where}: the record has no model (the adapter a client asked for)")
     return (epoch_seconds(record[key], where), model, _tokens(record, "prompt_tokens", where),
@@ -149,8 +151,9 @@ def read_log(path: str | os.PathLike, fmt: str = "auto", base_model: str | None 
             reader = csv.DictReader(io.StringIO(text))
             rows = [_record(r, f"{printable(str(path))}:{reader.line_num}") for r in reader]
         else:
-            time_key = "startTime" if fmt == "litellm" else None
-            rows = [_record(r, f"{printable(str(path))}: record {k}", time_key)
+            # LiteLLM: model_group is the name a client asked for; model the deployment's (``hosted_vllm/...``)
+            keys = ("startTime", ("model_group", "model")) if fmt == "litellm" else (None, ("model",))
+            rows = [_record(r, f"{printable(str(path))}: record {k}", *keys)
                     for k, r in enumerate(_json_records(path, text), start=1)]
     if base_model is not None:
         rows = [r for r in rows if r[1] != base_model]

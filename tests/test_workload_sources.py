@@ -75,7 +75,8 @@ def _log(tmp_path: Path, fmt: str, base=BASE / 20, days=1.0) -> Path:
         import datetime as dt
 
         path.write_text(json.dumps([{"request_id": f"r{k}", "startTime": dt.datetime.fromtimestamp(t, dt.UTC).isoformat(),
-                                     "model": m, "prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+                                     "model": f"hosted_vllm/{m}", "model_group": m, "prompt_tokens": p,
+                                     "completion_tokens": c, "total_tokens": p + c, "api_base": "http://vllm:8000"}
                                     for k, (t, m, p, c) in enumerate(rows)]))
     else:
         from serving_harness.loadgen import RunRecords

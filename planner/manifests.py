@@ -1,0 +1,158 @@
+"""A placement as the Kubernetes objects a fleet deploys (``planner render --format k8s|llm-d|aibrix``).
+
+* ``k8s``: per planned GPU a ``Deployment`` (one replica, one GPU, vLLM's OpenAI server with the GPU's
+  engine arguments and its adapters as ``--lora-modules``) and a ``Service`` in front of it. A router
+  sends each adapter's requests to the services of the plan's ``router`` map.
+* ``llm-d``: the same servers, all selected by one ``InferencePool`` (``inference.networking.k8s.io/v1``,
+  the Gateway API Inference Extension that llm-d routes with). Its endpoint picker sends a request for an
+  adapter to a server that has it loaded, so each adapter reaches only the GPUs the plan gave it; a hot
+  adapter's replicas carry equal shares in a plan, which the picker's load balancing keeps.
+* ``aibrix``: the servers started without adapters but allowed to load them at run time
+  (``VLLM_ALLOW_RUNTIME_LORA_UPDATING``), labelled for AIBrix, and one ``ModelAdapter``
+  (``model.aibrix.ai/v1alpha1``) per adapter whose pod selector matches exactly the GPUs the plan gave it
+  (AIBrix's controller reads ``matchLabels`` only, so every GPU carries its instance label and each set of
+  GPUs sharing a replicated adapter one label of its own). AIBrix names the served adapter after the
+  object, so adapter ids must be Kubernetes names.
+
+The objects are plain dicts in the API's field names; :func:`to_yaml` writes them as one YAML stream.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import PurePosixPath
+from typing import Any
+
+from planner.placement import InstancePlan, Placement
+from planner.render import adapter_path, vllm_argv
+from twin.errors import BadInputError
+
+FORMATS = ("k8s", "llm-d", "aibrix")
+PORT = 8000
+INSTANCE_LABEL = "lora-planner.io/instance"
+POOL_LABEL = "lora-planner.io/pool"
+#: A Kubernetes object name (RFC 1123 subdomain) and a label value.
+K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
+
+
+def _name(prefix: str, instance_id: str) -> str:
+    name = f"{prefix}-{instance_id}".lower()
+    if not K8S_NAME.fullmatch(name) or len(name) > 63:
+        raise BadInputError(f"{name!r} is not a Kubernetes object name; choose another --name")
+    return name
+
+
+def _server(p: Placement, inst: InstancePlan, name: str, image: str, model: str, adapter_dir: str,
+            labels: dict[str, str], runtime_loading: bool) -> list[dict[str, Any]]:
+    """The Deployment and Service of one planned GPU."""
+    argv = vllm_argv(p, inst, model, PORT, adapter_dir)
+    if runtime_loading:  # AIBrix loads the adapters through vLLM's API
+        argv = argv[:argv.index("--lora-modules")]
+    container = {
+        "name": "vllm", "image": image, "command": ["python3", *argv[1:3]], "args": argv[3:],
+        "ports": [{"name": "http", "containerPort": PORT}],
+        "resources": {"limits": {"nvidia.com/gpu": "1"}, "requests": {"nvidia.com/gpu": "1"}},
+        "readinessProbe": {"httpGet": {"path": "/health", "port": PORT}, "periodSeconds": 10},
+        "startupProbe": {"httpGet": {"path": "/health", "port": PORT}, "periodSeconds": 10, "failureThreshold": 60},
+        "volumeMounts": [{"name": "adapters", "mountPath": adapter_dir, "readOnly": True}],
+    }
+    if runtime_loading:
+        container["env"] = [{"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "True"}]
+    selector = {INSTANCE_LABEL: inst.instance_id, POOL_LABEL: labels[POOL_LABEL]}
+    deployment = {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "replicas": 1, "selector": {"matchLabels": selector},
+            "template": {"metadata": {"labels": labels}, "spec": {
+                "containers": [container],
+                "volumes": [{"name": "adapters", "persistentVolumeClaim": {"claimName": "lora-adapters",
+                                                                             "readOnly": True}}]}},
+        },
+    }
+    service = {
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "labels": labels},
+        "spec": {"selector": selector, "ports": [{"name": "http", "port": PORT, "targetPort": PORT}]},
+    }
+    return [deployment, service]
+
+
+def manifests(p: Placement, fmt: str, image: str, model: str, adapter_dir: str, prefix: str = "lora") -> list[dict]:
+    """Every object of ``p`` in format ``fmt`` (module docstring)."""
+    if fmt not in FORMATS:
+        raise BadInputError(f"unknown manifest format '{fmt}'; choose one of {', '.join(FORMATS)}")
+    if not K8S_NAME.fullmatch(prefix) or len(prefix) > 40:
+        raise BadInputError(f"--name {prefix!r} must be a short Kubernetes name (lowercase letters, digits, '-')")
+    if not PurePosixPath(adapter_dir).is_absolute():
+        raise BadInputError(f"--adapter-dir {adapter_dir!r} must be an absolute path inside the container")
+    base = re.sub(r"[^A-Za-z0-9_.-]", "-", model.rsplit("/", 1)[-1])[:63].strip("-_.") or "model"
+    groups = _replica_groups(p) if fmt == "aibrix" else {}
+    objects: list[dict] = []
+    for inst in p.instances:
+        labels = {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/managed-by": "lora-planner",
+                  POOL_LABEL: prefix, INSTANCE_LABEL: inst.instance_id}
+        if fmt == "aibrix":
+            labels.update({"model.aibrix.ai/name": base, "adapter.model.aibrix.ai/enabled": "true",
+                           **{label: "true" for label, members in groups.items() if inst.instance_id in members}})
+        objects += _server(p, inst, _name(prefix, inst.instance_id), image, model, adapter_dir, labels,
+                           runtime_loading=fmt == "aibrix")
+    if fmt == "llm-d":
+        objects.append(_pool(p, prefix))
+    elif fmt == "aibrix":
+        objects += _model_adapters(p, base, adapter_dir, groups)
+    return objects
+
+
+def _pool(p: Placement, prefix: str) -> dict:
+    """The InferencePool over the plan's servers (its endpoint picker, ``PREFIX-epp``, deployed as llm-d does)."""
+    unequal = [a for a, routes in p.routes().items() if len({round(r["weight"], 6) for r in routes}) > 1]
+    if unequal:
+        raise BadInputError(f"adapter {unequal[0]} has replicas with unequal routing weights, which an "
+                            "InferencePool's endpoint picker does not take; render --format k8s and route by weight")
+    return {
+        "apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
+        "metadata": {"name": prefix, "labels": {"app.kubernetes.io/managed-by": "lora-planner"}},
+        "spec": {"selector": {"matchLabels": {POOL_LABEL: prefix}}, "targetPorts": [{"number": PORT}],
+                 "endpointPickerRef": {"name": f"{prefix}-epp", "port": {"number": 9002}}},
+    }
+
+
+def _replica_groups(p: Placement) -> dict[str, frozenset[str]]:
+    """A label per set of GPUs that share a replicated adapter (AIBrix selects pods by matchLabels only)."""
+    sets = {frozenset(r["instance_id"] for r in routes) for routes in p.routes().values() if len(routes) > 1}
+    return {f"lora-planner.io/replicas-{hashlib.sha256(','.join(sorted(s)).encode()).hexdigest()[:10]}": s
+            for s in sets}
+
+
+def _model_adapters(p: Placement, base: str, adapter_dir: str, groups: dict[str, frozenset[str]]) -> list[dict]:
+    by_set = {members: label for label, members in groups.items()}
+    out = []
+    for aid, routes in p.routes().items():
+        if not routes:
+            continue
+        if not K8S_NAME.fullmatch(aid):
+            raise BadInputError(f"adapter id {aid!r} is not a Kubernetes name, and AIBrix serves an adapter under "
+                                "its ModelAdapter's name: use lowercase letters, digits, '-' and '.' for --format aibrix")
+        members = frozenset(r["instance_id"] for r in routes)
+        match = {INSTANCE_LABEL: next(iter(members))} if len(members) == 1 else {by_set[members]: "true"}
+        url = adapter_path(p, aid, adapter_dir)
+        if not (url.startswith("/") or re.match(r"(s3|gcs|tos|huggingface|hf)://", url)):
+            raise BadInputError(f"adapter {aid}: AIBrix loads from an absolute path or an s3://, gcs://, tos://, "
+                                f"hf:// URL, not {url!r}")
+        out.append({"apiVersion": "model.aibrix.ai/v1alpha1", "kind": "ModelAdapter",
+                    "metadata": {"name": aid, "labels": {"model.aibrix.ai/name": base,
+                                                         "app.kubernetes.io/managed-by": "lora-planner"}},
+                    "spec": {"baseModel": base, "podSelector": {"matchLabels": match}, "artifactURL": url}})
+    return out
+
+
+def to_yaml(objects: list[dict]) -> str:
+    """One YAML stream, every object written out in full (no anchors where objects share a labels dict)."""
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        def ignore_aliases(self, data) -> bool:
+            return True
+
+    return yaml.dump_all(objects, Dumper=Dumper, sort_keys=False, default_flow_style=False)

@@ -1,0 +1,159 @@
+"""`planner render --format k8s|llm-d|aibrix`: manifests checked against the real schemas.
+
+Core objects go through the Kubernetes Python client's models (every field known and typed, nothing
+dropped on the way back); the custom resources through the OpenAPI schemas of their published CRDs,
+vendored under tests/data/crds with their licences (Gateway API Inference Extension v1.6.0, AIBrix v0.7.0).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+from click.testing import CliRunner
+from kubernetes.client import ApiClient
+
+from planner.cli import main
+from tests.synthetic_traffic import requests
+from twin.families import family_workload, write_workload_csv
+
+CRDS = Path(__file__).parent / "data" / "crds"
+MODELS = {("apps/v1", "Deployment"): "V1Deployment", ("v1", "Service"): "V1Service"}
+
+
+def _crd_schemas() -> dict[tuple[str, str], dict]:
+    out = {}
+    for path in CRDS.rglob("*.yaml"):
+        crd = yaml.safe_load(path.read_text())
+        for version in crd["spec"]["versions"]:
+            out[(f"{crd['spec']['group']}/{version['name']}", crd["spec"]["names"]["kind"])] = \
+                version["schema"]["openAPIV3Schema"]
+    return out
+
+
+SCHEMAS = _crd_schemas()
+
+
+def _drop_none(obj):
+    if isinstance(obj, dict):
+        return {k: _drop_none(v) for k, v in obj.items() if v is not None}
+    if isinstance(obj, list):
+        return [_drop_none(v) for v in obj]
+    return obj
+
+
+def check(obj: dict) -> None:
+    """``obj`` is a valid object of its kind: by the client's model, or by its CRD's schema."""
+    key = (obj["apiVersion"], obj["kind"])
+    if key in MODELS:
+        client = ApiClient()
+        model = client._ApiClient__deserialize(obj, MODELS[key])  # the client's own reader of API objects
+        assert _drop_none(client.sanitize_for_serialization(model)) == json.loads(json.dumps(obj)), key
+    else:
+        assert key in SCHEMAS, f"no vendored CRD for {key}"
+        jsonschema.validate(obj, SCHEMAS[key])
+
+
+@pytest.fixture(scope="module")
+def plan(tmp_path_factory):
+    d = tmp_path_factory.mktemp("plan")
+    wl = family_workload("hot", 400, 2)  # hot adapters: replicas over several GPUs
+    csv = d / "w.csv"
+    write_workload_csv(wl, csv)
+    res = CliRunner().invoke(main, ["plan", str(csv), "--out", str(d / "plan.json"), "--jobs", "1"])
+    assert res.exit_code == 0, res.output
+    return d / "plan.json"
+
+
+def _render(plan: Path, fmt: str, *extra: str) -> list[dict]:
+    res = CliRunner().invoke(main, ["render", str(plan), "--format", fmt, "--model", "meta-llama/Llama-3.1-8B-Instruct",
+                                    *extra])
+    assert res.exit_code == 0, res.output
+    return list(yaml.safe_load_all(res.stdout))
+
+
+@pytest.mark.parametrize("fmt", ["k8s", "llm-d", "aibrix"])
+def test_every_manifest_is_a_valid_object_of_its_kind(plan, fmt):
+    objects = _render(plan, fmt)
+    doc = json.loads(plan.read_text())
+    kinds = [o["kind"] for o in objects]
+    assert kinds.count("Deployment") == kinds.count("Service") == len(doc["instances"])
+    for obj in objects:
+        check(obj)
+    if fmt == "llm-d":
+        assert kinds.count("InferencePool") == 1
+    if fmt == "aibrix":
+        assert kinds.count("ModelAdapter") == len(doc["adapters"])
+
+
+def _selects(selector: dict, labels: dict) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def test_each_server_runs_its_planned_engine_and_adapters(plan):
+    doc = json.loads(plan.read_text())
+    servers = {o["metadata"]["labels"]["lora-planner.io/instance"]: o for o in _render(plan, "k8s")
+               if o["kind"] == "Deployment"}
+    for inst in doc["instances"]:
+        args = servers[inst["instance_id"]]["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert args[args.index("--max-loras") + 1] == str(inst["a_max"])
+        assert args[args.index("--max-lora-rank") + 1] == str(inst["max_lora_rank"])
+        mods = [json.loads(a) for a in args[args.index("--lora-modules") + 1:]]
+        assert [m["name"] for m in mods] == [a["adapter_id"] for a in inst["adapters"]]
+        assert all(m["path"].startswith("/adapters/") for m in mods)
+
+
+def test_aibrix_model_adapters_select_exactly_the_planned_gpus(plan):
+    objects = _render(plan, "aibrix")
+    pods = {o["metadata"]["labels"]["lora-planner.io/instance"]: o["spec"]["template"]["metadata"]["labels"]
+            for o in objects if o["kind"] == "Deployment"}
+    routes = json.loads(plan.read_text())["router"]
+    replicated = 0
+    for adapter in (o for o in objects if o["kind"] == "ModelAdapter"):
+        chosen = {iid for iid, labels in pods.items() if _selects(adapter["spec"]["podSelector"]["matchLabels"], labels)}
+        assert chosen == {r["instance_id"] for r in routes[adapter["metadata"]["name"]]}
+        replicated += len(chosen) > 1
+    assert replicated >= 1  # the hot family's adapters have replicas
+    for o in objects:
+        if o["kind"] == "Deployment":
+            container = o["spec"]["template"]["spec"]["containers"][0]
+            assert "--lora-modules" not in container["args"]
+            assert {"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "True"} in container["env"]
+
+
+def test_aibrix_refuses_adapter_ids_that_are_not_kubernetes_names(tmp_path):
+    csv = tmp_path / "w.csv"
+    csv.write_text("adapter_id,rank,rate_rps\nTeam/Support_Bot,8,0.5\nsql-gen,8,0.5\n")
+    r = CliRunner()
+    assert r.invoke(main, ["plan", str(csv), "--out", str(tmp_path / "p.json"), "--jobs", "1"]).exit_code == 0
+    res = r.invoke(main, ["render", str(tmp_path / "p.json"), "--format", "aibrix"])
+    assert res.exit_code == 2 and "not a Kubernetes name" in res.output
+    res = r.invoke(main, ["render", str(tmp_path / "p.json"), "--format", "k8s", "--adapter-dir", "relative"])
+    assert res.exit_code == 2 and "absolute path" in res.output
+
+
+def test_the_nightly_chain_from_logs_to_manifests(tmp_path):
+    """The cron example of docs/deploy.md: yesterday's gateway log -> workload -> (re)plan -> manifests."""
+    names = ["support-bot", "code-review", "sql-gen"]
+    ranks = tmp_path / "adapters.csv"
+    ranks.write_text("adapter_id,rank\n" + "".join(f"{n},16\n" for n in names))
+    r = CliRunner()
+    for night, scale in enumerate((1.0, 1.3)):
+        rows = requests([0.05 * scale, 0.1 * scale, 0.2 * scale], 1.0, seed=night, names=names)
+        log = tmp_path / f"gateway-{night}.jsonl"
+        log.write_text("".join(json.dumps({"timestamp": t, "model": m, "prompt_tokens": p, "completion_tokens": c}) + "\n"
+                               for t, m, p, c in rows))
+        assert r.invoke(main, ["workload", "from-log", str(log), "--ranks", str(ranks), "--out",
+                               str(tmp_path / "next-day.csv")]).exit_code == 0
+        step = (["plan", str(tmp_path / "next-day.csv")] if night == 0 else
+                ["replan", str(tmp_path / "next-day.csv"), "--previous", str(tmp_path / "plan.json")])
+        res = r.invoke(main, [*step, "--out", str(tmp_path / "plan.json")])
+        assert res.exit_code == 0, res.output
+        objects = _render(tmp_path / "plan.json", "llm-d")
+        for obj in objects:
+            check(obj)
+    assert r.invoke(main, ["evaluate", str(tmp_path / "plan.json"), str(tmp_path / "next-day.csv"),
+                           "--seed", "3"]).exit_code == 0
