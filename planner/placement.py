@@ -1,5 +1,5 @@
 """The placement JSON (schema version 1): what `planner plan` writes and routers, `evaluate`,
-`replan` and `verify` read. See the README's "Placement JSON" section for an example.
+`replan`, `render` and `verify` read (docs/planning.md; its schema on read: planner/schema.py).
 
 Top level: ``schema_version``, ``inputs`` (workload hash, profile, serving policy unless stock vLLM,
 predictor, algorithm, planner version), ``summary``, ``instances`` (one per GPU: engine args in vLLM's names, adapters with their

@@ -256,3 +256,17 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "Z"
+
+
+def test_the_shipped_json_schema_is_the_readers_and_plans_meet_it(tmp_path, profile):
+    """docs/placement.schema.json, for router authors, is what `python -m planner.schema` prints, and a
+    written plan (the one `plan_for` makes, and a re-plan of it) validates against it."""
+    import jsonschema
+
+    from planner.schema import json_schema
+
+    shipped = json.loads((Path(__file__).resolve().parents[1] / "docs" / "placement.schema.json").read_text())
+    assert shipped == json.loads(json.dumps(json_schema()))
+    csv, p = plan_for(tmp_path, profile, [1.0] * 25)
+    jsonschema.validate(p.to_dict(), shipped)
+    jsonschema.validate(replan(p, csv, capacity_request(workload([1.0] * 30), profile)).to_dict(), shipped)
