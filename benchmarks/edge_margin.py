@@ -47,7 +47,7 @@ from benchmarks.twin_fidelity import CLIENT_PORTS, DEFAULT_DATA, load_runs, run_
 from serving_harness.validation import compare, stored_rows
 from twin import SimConfig, load_profile, simulate
 from twin.atomic import json_safe, write_json_atomic
-from twin.profile import profile_from_dict as load_profile_dict
+from twin.profile import write_profile
 
 #: The share of real engines allowed to be slower than the slowed twin.
 RISK = 0.01
@@ -159,8 +159,7 @@ def record_planning(profile_id: str, margins: dict) -> None:
         "slowdown": margins["slowdown"], "slo_slowdown": margins["slo_slowdown"], "risk": RISK,
         "evidence": margins.get("source", ""), "command": "python benchmarks/edge_margin.py --write",
         "details": "artifacts/benchmarks/edge_margin.json"}
-    load_profile_dict(data, str(path))
-    write_json_atomic(path, data)
+    write_profile(path, data)
 
 
 if __name__ == "__main__":

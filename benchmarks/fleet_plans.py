@@ -33,7 +33,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from models.predictor import GpuScenario
+from models.scenario import GpuScenario
 from planner.verdict import ServiceBar, TwinRun, twin_check
 from twin import load_profile
 from twin.atomic import json_safe, write_json_atomic

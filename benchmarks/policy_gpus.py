@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.paper_workloads import paper_workload
-from models.predictor import TwinPredictor
+from models.twin_predictor import TwinPredictor
 from planner.evaluate import evaluate_placement
 from planner.placement import Placement, adapter_rows, build_instances, engine_settings
 from planner.plan import PlanOptions, pack_request, run_algorithm

@@ -36,7 +36,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from models.predictor import GpuScenario
+from models.scenario import GpuScenario
 from models.surrogate import SurrogatePredictor, has_artifact
 from models.trees import forest_row
 from twin import load_profile

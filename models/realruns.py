@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from models.predictor import GpuScenario
+from models.scenario import GpuScenario
 from twin.errors import BadInputError
 
 REQUIRED = ("status", "n_rank_8", "n_rank_16", "n_rank_32", "rate_counts", "pool_mean_in", "pool_mean_out",

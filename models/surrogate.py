@@ -33,7 +33,7 @@ import numpy as np
 
 from models.features import ARRIVING, FEATURES, N_FEATURES, SATURATION, engine_terms, fill_features, throughput_base
 from models.packed_cache import load_packed, store_packed
-from models.predictor import GpuScenario, Predictions
+from models.scenario import GpuScenario, Predictions
 from models.trees import FlatForest, forest_row
 from twin.atomic import write_bytes_atomic, write_json_atomic
 from twin.errors import BadInputError, InfeasibleError, ProfileError

@@ -12,6 +12,7 @@ import sys
 
 import click
 
+from planner.formats import FORMATS, render
 from twin.atomic import json_safe
 from twin.errors import LoraPlannerError
 from twin.simulate import STARVATION_THRESHOLD
@@ -107,7 +108,7 @@ def jobs_or_cores(jobs: int | None) -> int:
 
 def render_options(fn):
     """``--format``, ``--json`` and what the launch formats need: how a placement is shown
-    (planner.render.render)."""
+    (planner.formats.render)."""
     fn = click.option("--name", "manifest_name", default="lora", show_default=True,
                       help="k8s/llm-d/aibrix: prefix of the objects' names (and the InferencePool's name).")(fn)
     fn = click.option("--image", default=None,
@@ -119,7 +120,7 @@ def render_options(fn):
                            "k8s/llm-d/aibrix: /adapters, in the container, from the 'lora-adapters' volume claim].")(fn)
     fn = click.option("--model", default=None, help="The model path or name vLLM loads [the profile's model].")(fn)
     fn = click.option("--json", "as_json", is_flag=True, help="Same as --format json.")(fn)
-    return click.option("--format", "fmt", type=click.Choice(["table", "json", "vllm", "k8s", "llm-d", "aibrix"]),
+    return click.option("--format", "fmt", type=click.Choice(FORMATS),
                         default="table", show_default=True,
                         help="What to print: a table, the placement JSON, one vLLM server command per GPU, or "
                              "Kubernetes manifests: plain (k8s), with an InferencePool (llm-d), with AIBrix "
@@ -129,8 +130,6 @@ def render_options(fn):
 def show_placement(placement, profile, fmt: str, as_json: bool, model: str | None, port_base: int,
                    adapter_dir: str | None, image: str | None = None, manifest_name: str = "lora") -> None:
     """Print ``placement`` as the :func:`render_options` ask."""
-    from planner.render import render
-
     image = image or f"vllm/vllm-openai:v{profile.engine.version}"
     click.echo(render(placement, "json" if as_json else fmt, model or profile.model.get("name", "MODEL"), port_base,
                       adapter_dir, image, manifest_name))

@@ -350,10 +350,10 @@ def calibrate(profile_path, runs_dirs, duration, warmup, as_json) -> None:
       planner calibrate --profile cpu.json --runs calib-monday --runs calib-tuesday
     """
     from serving_harness.calibration import recalibrate
-    from twin.atomic import write_json_atomic
+    from twin.profile import write_profile
 
     data = recalibrate(profile_path, _command_line(), runs_dirs, duration, warmup)
-    write_json_atomic(profile_path, data)
+    write_profile(profile_path, data)
     fit = data["provenance"]["calibration"]
     if as_json:
         print_json(fit)

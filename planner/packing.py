@@ -14,7 +14,7 @@ from functools import cached_property
 
 import numpy as np
 
-from models.predictor import GpuScenario, Predictions, Predictor
+from models.scenario import GpuScenario, Predictions, Predictor
 from planner.verdict import ServiceBar, group_limits
 from twin.errors import BadInputError, InfeasibleError
 from twin.policies.memory import UnifiedPool, kv_capacity

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from models.predictor import GpuScenario
+from models.scenario import GpuScenario
 from planner.packing import (
     PAPER_GRID,
     GpuGroup,

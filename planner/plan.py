@@ -6,7 +6,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from models.predictor import Predictor
+from models.scenario import Predictor
 from planner.baselines import plan_dlora, plan_latency, plan_maxbase, plan_random
 from planner.confirm import Confirmation, Progress, judged, pack_confirmed
 from planner.greedy import plan_greedy

@@ -37,7 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from models.predictor import GpuScenario, Predictions, TwinPredictor
+from models.scenario import GpuScenario, Predictions
+from models.twin_predictor import TwinPredictor
 from twin.errors import BadInputError
 from twin.simulate import STARVATION_THRESHOLD
 

@@ -47,7 +47,7 @@ from serving_harness.metrics import cache_config, parse_prometheus
 from serving_harness.synth import model_shape, write_adapters
 from twin.atomic import write_json_atomic
 from twin.errors import BadInputError
-from twin.profile import SCHEMA_VERSION, profile_from_dict
+from twin.profile import SCHEMA_VERSION, profile_from_dict, write_profile
 from twin.workload import Adapter, Workload, trace_requests
 
 
@@ -515,6 +515,5 @@ def profile_engine(spec: ProfileSpec, work_dir: str | os.PathLike, out: str | os
     if calibration_cases:
         profile = calibrate_fitted(profile, spec, Path(work_dir), calibration_cases, duration_s, warmup_s, python,
                                    progress)
-    profile_from_dict(profile, where=str(out))
-    write_json_atomic(out, profile)
+    write_profile(out, profile)
     return profile

@@ -55,7 +55,7 @@ from pathlib import Path
 
 import numpy as np
 
-from twin.profile import SCHEMA_VERSION, StepLatency, profile_from_dict, step_latency_to_dict
+from twin.profile import SCHEMA_VERSION, StepLatency, profile_from_dict, step_latency_to_dict, write_profile
 
 MODELS = {
     "h100-64gb-llama-3.1-8b": ("llama-3.1-8b-instruct", "Llama-3.1-8B-Instruct", 131072),
@@ -198,8 +198,6 @@ def main(argv=None) -> None:
     ap.add_argument("--data", type=Path, required=True, help="the reference-h100-64gb folder")
     ap.add_argument("--out-dir", type=Path, required=True)
     args = ap.parse_args(argv)
-    from twin.atomic import write_json_atomic
-
     profiles = build(args.data)
     for pid, prof in profiles.items():
         path = args.out_dir / f"{pid}.json"
@@ -207,7 +205,7 @@ def main(argv=None) -> None:
             planning = json.loads(path.read_text(encoding="utf-8")).get("planning")
             if planning is not None:
                 prof["planning"] = planning
-        write_json_atomic(path, prof)
+        write_profile(path, prof)
         print(f"wrote {path}")
 
 

@@ -42,7 +42,7 @@ from serving_harness.synth import model_shape, write_adapters
 from twin.atomic import json_safe, recorded_path, write_bytes_atomic, write_json_atomic, write_text_atomic
 from twin.errors import BadInputError
 from twin.metrics import smape, smape_within_groups
-from twin.profile import Profile, artifacts_dir, profiles_dir
+from twin.profile import Profile, artifacts_dir, profiles_dir, write_profile
 from twin.simulate import SimConfig, simulate
 from twin.workload import Adapter, LengthModel, Workload, draw_requests
 
@@ -398,7 +398,7 @@ def record_summary(profile_id: str, profile: Profile, summary: dict, table: Path
     where = recorded_path(table, artifacts_dir().parent)
     data["validation"] = json_safe({**summary, "table": where, "command": command,
                                     "date": time.strftime("%Y-%m-%d")})
-    write_json_atomic(profile_path, data)
+    write_profile(profile_path, data)
 
 
 def refuse_calibration_workloads(profile: Profile, seed: int | None, where: str) -> None:

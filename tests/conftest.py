@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import importlib
+import os
 
 import pytest
 
@@ -26,6 +28,18 @@ STEP_10MS = {"k4_ms_per_request": 0.0, "k5_ms": 10.0}
 #: Simulation hashes the shipped datasets and surrogates were built with (models.surrogate.simulation_hash).
 LLAMA_HASH = "ddaff2e6dd613984"  # with the real-run terms carried over from Qwen (l3, length_cv)
 QWEN_HASH = "c8916de80b280b46"  # with its real-run terms (l3, length_cv)
+
+
+#: Set by .ci/run: there the tests of the real vLLM engine must run, so a missing or broken vLLM is an error.
+REQUIRE_VLLM = os.environ.get("LORA_PLANNER_REQUIRE_VLLM") == "1"
+
+
+def vllm_needs(module: str):
+    """Import ``module`` for a test of real vLLM (mark it ``pytest.mark.vllm``): skipped where it is
+    missing, but an import error where ``LORA_PLANNER_REQUIRE_VLLM=1``."""
+    if REQUIRE_VLLM:
+        return importlib.import_module(module)
+    return pytest.importorskip(module)
 
 
 def make_profile_dict(**changes):

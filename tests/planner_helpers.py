@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from models.predictor import Predictions
+from models.scenario import Predictions
 from twin.workload import Adapter, Workload
 
 

@@ -12,7 +12,8 @@ pytest.importorskip("optuna")
 
 from models.dataset import GridSpec, build_dataset
 from models.features import FEATURES, engine_terms, feature_row, saturation_tok_s
-from models.predictor import GpuScenario, default_predictor, load_predictor
+from models.predictor import default_predictor, load_predictor
+from models.scenario import GpuScenario
 from models.surrogate import METADATA_FILE, SurrogatePredictor, load_artifact
 from models.train import SHIPPED_FOREST, train_surrogates
 from models.trees import PARALLEL_BLOCK_ROWS

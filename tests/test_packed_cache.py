@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from models.packed_cache import load_packed
-from models.predictor import GpuScenario
+from models.scenario import GpuScenario
 from models.surrogate import FOREST_NAMES, SurrogatePredictor
 from twin import load_profile
 

@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from models.predictor import GpuScenario, TwinPredictor, load_predictor
+from models.predictor import load_predictor
+from models.scenario import GpuScenario
+from models.twin_predictor import TwinPredictor
 from planner.cli import main
 from planner.confirm import SURROGATE_ROUNDS, check_groups, retune, scenarios_of
 from planner.evaluate import evaluate_placement, plan_bar

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import STEP_10MS
+from conftest import STEP_10MS, make_profile_dict
 
 from twin import Adapter, SimConfig, Workload, simulate, trace_requests
 from twin.core import EV_ADMITTED, EV_PREEMPTED
 from twin.policies import policy_from_name
+from twin.policies.spec import PolicySpec
+from twin.profile import profile_from_dict
 
 
 @pytest.fixture
@@ -138,12 +140,47 @@ def test_elora_swaps_back_recently_used_adapters_when_memory_is_idle(make_profil
     assert slora.policy_stats["swap_ins"] == 0
 
 
-def test_stock_twin_is_untouched_by_the_policy_field(prof):
-    wl = Workload((Adapter("a", 8, 0.5, 40, 10), Adapter("b", 8, 0.5, 40, 10)))
-    a = simulate(wl, prof, SimConfig(a_max=1, duration_s=120))
-    b = simulate(wl, prof, SimConfig(a_max=1, duration_s=120, policy=policy_from_name("vllm")))
-    assert a.policy == b.policy == "vllm" and a.policy_stats is None
-    assert a.total_throughput_tok_s == b.total_throughput_tok_s and np.isclose(a.ttft_ms_p99, b.ttft_ms_p99)
+#: The policy loop set up as stock vLLM: adapters take no pool memory and are all on the GPU from the start
+#: (as vLLM activates its static adapters), LRU cache, inline loads, FIFO scan, no prefetch or bypass.
+STOCK_LIKE = PolicySpec("slora", cache="lru", cold_start="inline", prefetch=False, bypass=False, preload_all=True)
+
+
+def _random_engine(rng):
+    block = int(rng.choice([16, 32]))
+    tokens = int(rng.integers(20, 400)) * block
+    n = int(rng.integers(1, 6))
+    a_max = int(rng.integers(n, n + 3))  # every adapter has a slot: the stock loop never evicts either
+    load = {"8": {"8": float(rng.uniform(1, 50))}, "16": {"8": float(rng.uniform(1, 50)), "16": float(rng.uniform(1, 50))}}
+    profile = profile_from_dict(make_profile_dict(**{
+        "engine.version": str(rng.choice(["0.8.5", "0.32.0"])), "engine.block_size": block,
+        "engine.max_num_batched_tokens": int(rng.choice([64, 256, 2048])),
+        "engine.max_num_seqs": int(rng.choice([4, 16, 256])),
+        "kv_capacity.no_lora_tokens": tokens, "kv_capacity.a_max_points": [a_max + 2],
+        "kv_capacity.tokens": {"8": [tokens], "16": [tokens]},
+        "step_latency_ms": {"k4_ms_per_request": float(rng.uniform(0, 0.2)), "k5_ms": float(rng.uniform(5, 20))},
+        "scheduler_overhead_us": {"k1_us_per_running": float(rng.uniform(0, 5)), "k2_us_per_waiting": float(rng.uniform(0, 5)),
+                                  "k3_us_per_waiting_x_amax_over_a": float(rng.uniform(0, 1)), "intercept_us": 50.0},
+        "adapter_load_ms": {"by_max_lora_rank": load},
+        "policy_terms": {"adapter_kv_tokens": {"8": 0, "16": 0}}}), where="random engine")
+    wl = Workload(tuple(Adapter(f"a{i}", int(rng.choice([8, 16])), float(rng.uniform(0.05, 3)),
+                                float(rng.uniform(20, 300)), float(rng.uniform(5, 100))) for i in range(n)))
+    return profile, wl, a_max
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_policy_loop_set_up_as_stock_vllm_is_the_stock_loop(seed):
+    """Both loops implement vLLM's step; on random engines they must agree to the last request time."""
+    rng = np.random.default_rng(seed)
+    profile, wl, a_max = _random_engine(rng)
+    cfg = {"a_max": a_max, "duration_s": 60.0, "seed": seed, "request_times": True,
+           "max_in_flight": int(rng.choice([0, 8]))}
+    stock = simulate(wl, profile, SimConfig(**cfg))
+    loop = simulate(wl, profile, SimConfig(**cfg, policy=STOCK_LIKE))
+    assert loop.policy == "slora" and stock.policy == "vllm"
+    assert stock.finished_requests > 0
+    np.testing.assert_array_equal(loop.request_times, stock.request_times)
+    for key in ("arrived_requests", "finished_requests", "preemptions", "engine_steps", "total_throughput_tok_s"):
+        assert getattr(loop, key) == getattr(stock, key), key
 
 
 @pytest.fixture

@@ -3,8 +3,10 @@
 import sys
 
 import pytest
+from conftest import vllm_needs
 
-pytest.importorskip("vllm")
+pytestmark = pytest.mark.vllm
+vllm_needs("vllm")
 
 from serving_harness.v1_scheduler_replay import ReplayRequest as R
 from serving_harness.v1_scheduler_replay import replay_on_vllm_scheduler

@@ -13,9 +13,11 @@ import subprocess
 import sys
 
 import pytest
+from conftest import vllm_needs
 
-pytest.importorskip("vllm")
-pytest.importorskip("aiohttp")
+pytestmark = pytest.mark.vllm
+vllm_needs("vllm")
+vllm_needs("aiohttp")
 
 
 def planner(*args, cwd):

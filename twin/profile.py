@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from twin.atomic import write_json_atomic
 from twin.errors import ProfileError
 from twin.workload import LengthModel
 
@@ -360,6 +361,14 @@ def load_profile(id_or_path: str | os.PathLike = DEFAULT_PROFILE_ID) -> Profile:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ProfileError(f"{path}: cannot read profile JSON: {exc}") from None
     return profile_from_dict(raw, where=str(path))
+
+
+def write_profile(path: str | os.PathLike, data: dict[str, Any]) -> Profile:
+    """The one way a profile JSON is written: validated first (a bad profile is never written), then
+    replaced atomically."""
+    profile = profile_from_dict(data, where=str(path))
+    write_json_atomic(path, data)
+    return profile
 
 
 class _Reader:

@@ -1,0 +1,100 @@
+"""The exact backend: a :class:`Predictor` that runs the digital twin on each scenario."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import multiprocessing
+import os
+import signal
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+
+from models.scenario import GpuScenario, Predictions
+from twin.policies.spec import PolicySpec
+from twin.profile import Profile
+from twin.simulate import MAX_SIM_REQUESTS, STARVATION_THRESHOLD, SimConfig, expected_requests, simulate
+from twin.workload import Adapter, Workload
+
+
+@dataclass
+class TwinPredictor:
+    """Answers by simulating each scenario (the ``arrivals`` process, Poisson by default; the profile's length
+    model; a fixed seed); ``jobs`` > 1 simulates the scenarios of one call in that many forked processes.
+    ``slowdown`` runs the twin on a GPU that many times slower than the profile (``Profile.slowed``)."""
+
+    profile: Profile
+    duration_s: float = 3600.0
+    seed: int = 0
+    kind: str = "twin"
+    policy: PolicySpec | None = None
+    jobs: int = 1
+    slowdown: float = 1.0
+    arrivals: object = None  # a twin arrival process; None: Poisson
+    progress: Callable[[int, int], None] | None = None  # (scenarios done, of) after each one
+
+    @property
+    def profile_id(self) -> str:
+        return self.profile.profile_id
+
+    def predict(self, scenarios: Sequence[GpuScenario]) -> Predictions:
+        n = len(scenarios)
+        one = partial(_simulate, self.profile.slowed(self.slowdown), self.duration_s, self.seed, self.policy,
+                      self.arrivals)
+        if self.jobs > 1 and n > 1:
+            ctx = multiprocessing.get_context("fork")  # workers inherit the compiled twin: no start-up compile
+            pool = ProcessPoolExecutor(min(self.jobs, n), mp_context=ctx, initializer=die_with_parent)
+            try:
+                out = self._collect(pool.map(one, scenarios, chunksize=max(1, n // (8 * self.jobs))), n)
+            except BaseException:  # Ctrl-C or an error: drop the queued scenarios instead of finishing them
+                pool.shutdown(wait=False, cancel_futures=True)
+                for proc in list(getattr(pool, "_processes", {}).values()):
+                    proc.kill()
+                raise
+            pool.shutdown()
+        else:
+            out = self._collect(map(one, scenarios), n)
+        res = np.array(out, float).reshape(n, 5)
+        thr, arriving = res[:, 0].copy(), res[:, 1].copy()
+        return Predictions(thr, thr < STARVATION_THRESHOLD * arriving, arriving, res[:, 2].copy(), res[:, 3].copy(),
+                           res[:, 4].copy())
+
+    def _collect(self, results, n: int) -> list:
+        out = []
+        for row in results:
+            out.append(row)
+            if self.progress:
+                self.progress(len(out), n)
+        return out
+
+
+def die_with_parent() -> None:
+    """In a worker process: have the kernel kill it when its parent dies (Linux ``PR_SET_PDEATHSIG``), so no
+    worker outlives a planner command stopped by SIGTERM, SIGKILL or a crash."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the pool's own shutdown has to do
+        return
+    if os.getppid() == 1:  # the parent died before the call: nothing would signal this worker
+        os._exit(1)
+
+
+def _simulate(profile: Profile, duration_s: float, seed: int, policy: PolicySpec | None, arrivals,
+              sc: GpuScenario) -> tuple[float, ...]:
+    """(throughput, arriving) tokens/s, p99 TTFT over every arrival, p99 TPOT and mean ITL (ms) of one scenario
+    in the twin (a module function: it goes to worker processes)."""
+    workload = Workload(tuple(
+        Adapter(f"a{j}", int(sc.ranks[j]), float(sc.rates_rps[j]), float(sc.input_tokens[j]), float(sc.output_tokens[j]))
+        for j in range(len(sc))
+    ))
+    if expected_requests(workload, duration_s) > MAX_SIM_REQUESTS:  # far beyond any GPU: starved, not drawn
+        return 0.0, sc.arriving_tok_s, float("inf"), float("inf"), float("inf")
+    config = SimConfig(a_max=sc.a_max, duration_s=duration_s, seed=seed, max_lora_rank=sc.max_lora_rank, policy=policy,
+                       **({} if arrivals is None else {"arrivals": arrivals}))
+    res = simulate(workload, profile, config)
+    return res.total_throughput_tok_s, res.arriving_tok_s, res.ttft_ms_p99_all, res.tpot_ms_p99, res.itl_ms_mean
