@@ -26,12 +26,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from serving_harness.published_profiles import REFERENCE_DATA
 from twin import load_profile
 from twin.atomic import write_json_atomic
 from twin.core import step_ms
 from twin.metrics import smape
 
-DATA = ROOT.parent / "shared" / "data" / "reference-h100-64gb" / "lora_overhead_vs_adapters.csv"
+DATA = REFERENCE_DATA / "lora_overhead_vs_adapters.csv"
 PROFILES = {"llama-3.1-8b-instruct": "h100-64gb-llama-3.1-8b", "qwen-2.5-7b-instruct": "h100-64gb-qwen2.5-7b"}
 A_MAX, RANK = 300, 8  # the runs' --max-loras and --max-lora-rank
 

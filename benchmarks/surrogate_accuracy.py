@@ -25,11 +25,12 @@ sys.path.insert(0, str(ROOT))
 from models.metrics import macro_f1, smape
 from models.realruns import load_real_runs
 from models.surrogate import SurrogatePredictor, artifact_metadata, client_cap, has_artifact
+from serving_harness.published_profiles import REFERENCE_DATA
 from twin import load_profile
 from twin.atomic import write_json_atomic
 
 QWEN = "h100-64gb-qwen2.5-7b"
-DEFAULT_REAL = ROOT.parent / "shared" / "data" / "reference-h100-64gb" / "real_runs_qwen.csv"
+DEFAULT_REAL = REFERENCE_DATA / "real_runs_qwen.csv"
 #: Paper Tables 3-4 (their SMAPE x 2 = standard SMAPE; test set = real runs).
 STUDY = {
     "h100-64gb-llama-3.1-8b": {"rf": (8.78, 0.95), "knn": (9.04, 0.95), "svm": (13.68, 0.98),

@@ -39,11 +39,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from serving_harness.published_profiles import REFERENCE_DATA
 from twin import Adapter, SimConfig, Workload, load_profile, simulate
 from twin.atomic import write_json_atomic
 from twin.metrics import smape
 
-DEFAULT_DATA = ROOT.parent / "shared" / "data" / "reference-h100-64gb"
+DEFAULT_DATA = REFERENCE_DATA
 CLIENT_PORTS = 60999 - 32768 + 1
 
 

@@ -2,8 +2,9 @@
 
 Rebuild the shipped profiles with::
 
-    python -m serving_harness.published_profiles --data ../shared/data/reference-h100-64gb \
-        --out-dir artifacts/profiles
+    python -m serving_harness.published_profiles --out-dir artifacts/profiles
+
+(``--data`` defaults to the study's files shipped in ``datasets/measured/reference-h100-64gb/``.)
 
 What comes from where (the study's profiling files; only ``REAL_RUN_TERMS`` below use its real runs):
 
@@ -57,6 +58,8 @@ import numpy as np
 
 from twin.profile import SCHEMA_VERSION, StepLatency, profile_from_dict, step_latency_to_dict, write_profile
 
+#: The study's measurements, shipped with the repository (their README says what each file holds).
+REFERENCE_DATA = Path(__file__).resolve().parents[1] / "datasets" / "measured" / "reference-h100-64gb"
 MODELS = {
     "h100-64gb-llama-3.1-8b": ("llama-3.1-8b-instruct", "Llama-3.1-8B-Instruct", 131072),
     "h100-64gb-qwen2.5-7b": ("qwen-2.5-7b-instruct", "Qwen2.5-7B-Instruct", 32768),
@@ -179,9 +182,8 @@ def build(data: Path) -> dict[str, dict]:
             "backbone_max_throughput_tok_s": c["maxbase_backbone_max_throughput_tok_s"]["total"],
             "provenance": {
                 "kind": "published measurements",
-                "study": "Agullo et al., arXiv 2508.08343 (BSC + IBM); data: shared/data/reference-h100-64gb",
-                "command": "python -m serving_harness.published_profiles --data ../shared/data/reference-h100-64gb "
-                           "--out-dir artifacts/profiles",
+                "study": "Agullo et al., arXiv 2508.08343 (BSC + IBM); data: datasets/measured/reference-h100-64gb",
+                "command": "python -m serving_harness.published_profiles --out-dir artifacts/profiles",
                 "inputs": ["kv_capacity_tokens.csv", "backbone_itl_vs_batch.csv", "adapter_load_ms.csv",
                            "fitted_constants.json", *([TERMS_SOURCE[model]] if terms else [])],
                 "notes": ("Llama's no-LoRA KV 310160 is the study's constant (no raw log); its memory errors are "
@@ -195,7 +197,7 @@ def build(data: Path) -> dict[str, dict]:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, required=True, help="the reference-h100-64gb folder")
+    ap.add_argument("--data", type=Path, default=REFERENCE_DATA, help="the study's files [%(default)s]")
     ap.add_argument("--out-dir", type=Path, required=True)
     args = ap.parse_args(argv)
     profiles = build(args.data)

@@ -88,3 +88,17 @@ def test_shipped_surrogates_were_trained_on_the_shipped_datasets(path):
     for dataset in named:
         digest.update(dataset.read_bytes())
     assert digest.hexdigest() == meta["dataset"]["sha256"], f"{path}: retrain it on the shipped datasets"
+
+
+def test_the_study_profiles_rebuild_from_the_repository_alone(tmp_path):
+    """The command in their provenance, run on the study's files shipped in datasets/measured/, gives the
+    shipped files byte for byte (their ``planning`` section, which benchmarks/edge_margin.py writes, kept)."""
+    from serving_harness import published_profiles
+
+    shipped = ROOT / "artifacts" / "profiles"
+    for prof in published_profiles.build(published_profiles.REFERENCE_DATA).values():
+        (tmp_path / f"{prof['profile_id']}.json").write_bytes((shipped / f"{prof['profile_id']}.json").read_bytes())
+    published_profiles.main(["--out-dir", str(tmp_path)])
+    for path in tmp_path.glob("*.json"):
+        assert path.read_bytes() == (shipped / path.name).read_bytes(), path.name
+    assert "--data" not in load_profile("h100-64gb-qwen2.5-7b").provenance["command"]
