@@ -1,7 +1,6 @@
 """Scrape a vLLM server's Prometheus ``/metrics`` every ~1–2 s and keep the time series.
 
-:func:`parse_prometheus` reads the Prometheus text exposition format (names, labels with escapes,
-values including NaN/±Inf, optional timestamps). :class:`Scraper` polls a server in the
+:func:`parse_prometheus` reads the Prometheus text exposition format. :class:`Scraper` polls a server in the
 background (asyncio) and keeps one row per scrape of the series in :data:`SERIES`; the labels of
 ``vllm:cache_config_info`` (block size, ``num_gpu_blocks``, ``kv_cache_size_tokens`` — T_max
 straight from the engine) are kept once.
@@ -12,11 +11,11 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Self
 
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 
 from twin.atomic import write_bytes_atomic
 
@@ -45,68 +44,13 @@ class Sample:
     value: float
 
 
-_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
-_ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
-
-
-def _parse_labels(text: str, pos: int, line_no: int) -> tuple[dict[str, str], int]:
-    """Labels from ``text[pos] == '{'`` to the matching '}'; returns (labels, index after '}')."""
-    labels: dict[str, str] = {}
-    pos += 1
-    while True:
-        while pos < len(text) and text[pos] in " ,":
-            pos += 1
-        if pos < len(text) and text[pos] == "}":
-            return labels, pos + 1
-        m = _NAME.match(text, pos)
-        if not m or text[m.end():m.end() + 2] != '="':
-            raise ValueError(f"line {line_no}: bad label at column {pos + 1}")
-        key, pos = m.group(), m.end() + 2
-        chars = []
-        while True:
-            if pos >= len(text):
-                raise ValueError(f"line {line_no}: unterminated label value")
-            ch = text[pos]
-            if ch == "\\" and pos + 1 < len(text):
-                chars.append(_ESCAPES.get(text[pos + 1], "\\" + text[pos + 1]))
-                pos += 2
-            elif ch == '"':
-                pos += 1
-                break
-            else:
-                chars.append(ch)
-                pos += 1
-        labels[key] = "".join(chars)
-
-
-def _parse_value(token: str, line_no: int) -> float:
-    special = {"NaN": math.nan, "+Inf": math.inf, "Inf": math.inf, "-Inf": -math.inf}
-    if token in special:
-        return special[token]
-    try:
-        return float(token)
-    except ValueError:
-        raise ValueError(f"line {line_no}: bad sample value {token!r}") from None
-
-
 def parse_prometheus(text: str) -> list[Sample]:
-    """All samples of a Prometheus text-format page (comments and HELP/TYPE lines skipped)."""
-    samples = []
-    for line_no, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        m = _NAME.match(line)
-        if not m:
-            raise ValueError(f"line {line_no}: no metric name")
-        labels, pos = ({}, m.end())
-        if line[pos:pos + 1] == "{":
-            labels, pos = _parse_labels(line, pos, line_no)
-        parts = line[pos:].split()
-        if not parts or len(parts) > 2:
-            raise ValueError(f"line {line_no}: expected a value (and optional timestamp)")
-        samples.append(Sample(m.group(), labels, _parse_value(parts[0], line_no)))
-    return samples
+    """All samples of a Prometheus text-format page (``prometheus_client``'s parser); ValueError if malformed."""
+    try:
+        return [Sample(s.name, dict(s.labels), float(s.value))
+                for family in text_string_to_metric_families(text) for s in family.samples]
+    except ValueError as exc:
+        raise ValueError(f"not a Prometheus text page: {exc or 'malformed line'}") from None
 
 
 def series_values(samples: list[Sample]) -> dict[str, float]:
