@@ -42,13 +42,13 @@ import numpy as np
 
 from models.features import N_FEATURES, engine_terms, fill_features
 from models.fleet_grid import FleetGrid
-from models.progress import Progress
 from models.surrogate import client_cap, simulation_hash
 from twin.atomic import write_bytes_atomic, write_json_atomic
 from twin.errors import BadInputError
 from twin.policies.memory import kv_capacity
 from twin.policies.spec import PolicySpec, policy_label, policy_record
 from twin.profile import Profile
+from twin.progress import Progress
 from twin.simulate import SimConfig, simulate
 from twin.workload import Adapter, Workload
 
@@ -404,7 +404,7 @@ def build_dataset(profile: Profile, grid: GridSpec | FleetGrid, out: str | Path,
     tasks = [(grid, profile, [(sid, points[sid]) for sid in todo[i:i + chunk]], policy)
              for i in range(0, len(todo), chunk)]
     results = _map_ray(tasks, address) if backend == "ray" else _map_local(tasks, jobs)
-    bar = Progress(total, len(done), label=f"{profile.profile_id}/{grid.name}", enabled=progress)
+    bar = Progress(total, f"{profile.profile_id}/{grid.name}", done=len(done), unit="scenario", enabled=progress)
     schema = _schema()
     buffer: list[dict] = []
     t0 = time.monotonic()

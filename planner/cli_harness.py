@@ -11,26 +11,7 @@ from pathlib import Path
 import click
 
 from planner.cli_common import print_json, user_errors
-
-
-def _progress_bar(label: str):
-    """(report callback, bar) — a click progress bar, silent when stderr is not a terminal."""
-    state: dict = {}
-
-    def report(done: int, total: int, item: str) -> None:
-        if "bar" not in state:
-            if not sys.stderr.isatty():
-                state["bar"] = None
-            else:
-                state["bar"] = click.progressbar(length=total, label=label, file=sys.stderr,
-                                                 item_show_func=lambda _: item)
-                state["bar"].__enter__()
-        if state["bar"] is not None:
-            state["bar"].update(done - state["bar"].pos, item)
-            if done >= total:
-                state["bar"].__exit__(None, None, None)
-
-    return report
+from twin.progress import counter
 
 
 def _command_line() -> str:
@@ -201,7 +182,7 @@ def profile(device, model_dir, out, profile_id, work_dir, kv_cache_bytes, gpu_me
         a_max_points=_int_list(a_max_points, "--a-max-points"),
         latency_rank=16 if 16 in rank_list else rank_list[0], batch_sizes=batches, lora_batch_sizes=lora_batches,
     )
-    progress = Progress(len(Profiler(spec, work).experiment_names()) + calibration_cases, _progress_bar("profiling"))
+    progress = Progress(len(Profiler(spec, work).experiment_names()) + calibration_cases, counter("profiling", unit="experiment"))
     result = profile_engine(spec, work, out, _command_line(), python, progress, calibration_cases, duration, warmup)
     for warning in result["provenance"].get("fit_warnings", []):
         click.echo(f"warning: {warning}", err=True)
@@ -272,7 +253,7 @@ def validate(profile_id, model_dir, cases, duration, warmup, seed, work_dir, wor
     if not model or not Path(model).is_dir():
         raise BadInputError(f"model directory {model!r} not found; pass --model (e.g. from `planner synth`)")
     work = Path(work_dir) if work_dir else Path("validation-work") / prof.profile_id
-    validator = Validator(prof, str(Path(model)), work, duration, warmup, python, _progress_bar("validating"), gpu)
+    validator = Validator(prof, str(Path(model)), work, duration, warmup, python, counter("validating", unit="case"), gpu)
     if saved:
         validator.adopt_workloads(saved, workloads_of)
     rows = validator.compare(validator.run(validator.workload_set(cases, seed)))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import sys
 import time
 
 import click
@@ -20,6 +19,7 @@ from planner.cli_common import (
     slo_settings,
     user_errors,
 )
+from twin.progress import counter, say
 
 PLAN_EPILOG = """\b
 Examples:
@@ -56,19 +56,10 @@ def load_predictor_for(profile, kind: str, policy=None):
         return load_predictor(profile, kind, policy)
     predictor = default_predictor(profile, policy)
     if predictor.kind == "twin":
-        _stderr(f"no surrogate ships for profile {profile.profile_id}"
+        say(f"no surrogate ships for profile {profile.profile_id}"
                 + (f" under policy {policy.name}" if policy is not None else "")
                 + ": packing with the twin itself (exact, slower)")
     return predictor
-
-
-def _stderr(msg: str) -> None:
-    """Progress to stderr; a transient line (starting with a carriage return) only on a terminal, redrawn."""
-    tty = sys.stderr.isatty()
-    if not msg.startswith("\r"):
-        click.echo(("\r\x1b[K" if tty else "") + msg, err=True)  # over a transient line, if one is drawn
-    elif tty:
-        click.echo(f"{msg}\x1b[K", err=True, nl=False)
 
 
 @click.command(epilog=PLAN_EPILOG)
@@ -129,8 +120,7 @@ def plan(workload, profile_id, gpus, algorithm, predictor_kind, policy, policy_p
                        output_tokens=output_tokens, split_hot=split_hot, balance=balance, confirm=confirm,
                        jobs=jobs_or_cores(jobs), **slo_settings(objective, max_ttft, max_tpot, min_served, slowdown))
     t0 = time.perf_counter()
-    placement = make_plan(workload, wl, profile, predictor, opts, progress=_stderr)
-    _stderr("\r")  # clear a counter line left on a terminal
+    placement = make_plan(workload, wl, profile, predictor, opts, progress=say)
     placement.inputs["plan_wall_s"] = round(time.perf_counter() - t0, 6)
     s = placement.summary()
     if out and s["all_ok"]:
@@ -188,8 +178,7 @@ def evaluate(placement_file, workload, profile_id, duration, seed, arrivals, pol
     run = TwinRun(duration, seed, UnpredictableArrivals() if arrivals == "unpredictable" else None, jobs_or_cores(jobs))
     spec = policy_from_cli(policy, policy_params, placement.inputs.get("policy"))
     ev = evaluate_placement(placement, wl, profile, bar, run, spec,
-                            progress=lambda done, of: _stderr(f"\rtwin: {done}/{of} GPUs simulated"))
-    _stderr("\r")
+                            progress=counter("twin", unit="GPU"))
     if as_json:
         print_json(ev.to_dict())
     else:
@@ -295,8 +284,7 @@ def replan(workload, previous_file, out, profile_id, gpus, predictor_kind, headr
         req = pack_request(wl, profile, load_predictor_for(profile, predictor_kind, policy), opts)
         budget = ChurnBudget.parse(max_moves, max_restarts, gpu_tolerance, len(wl))
         placement = run_replan(previous, workload, req, split_hot=split_hot, confirm=confirm, run=opts.run, bar=bar,
-                               budget=budget, progress=_stderr)
-        _stderr("\r")
+                               budget=budget, progress=say)
         write_json_atomic(out, placement.to_dict())
     show_placement(placement, profile, fmt, as_json, model, port_base, adapter_dir, image, manifest_name)
     if fmt == "table" and not as_json:

@@ -40,6 +40,7 @@ from planner.verdict import (
     twin_check,
 )
 from twin.errors import InfeasibleError
+from twin.progress import counter
 
 #: Each new round raises the load factor (1 + margin) by at least this fraction; by this one when
 #: the only shortfall is latency (a GPU that keeps up gives no throughput ratio to size the step).
@@ -203,16 +204,8 @@ def twin_packer(req: PackRequest, run: TwinRun, bar: ServiceBar) -> PackRequest:
 
 
 def _counter(progress: Progress | None, what: str) -> Callable[[int, int], None] | None:
-    """A (done, of) callback for ``progress``: a transient line (it starts with a carriage return, so a
-    terminal redraws it and a log may leave it out), every hundredth of the way."""
-    if progress is None:
-        return None
-
-    def report(done: int, of: int) -> None:
-        if of >= 20 and (done == of or done % max(1, of // 100) == 0):
-            progress(f"\r{what}: {done}/{of} GPUs simulated")
-
-    return report
+    """A (done, of) callback showing the twin's way through the GPUs of one check, where ``progress`` reports."""
+    return None if progress is None else counter(what, unit="GPU")
 
 
 def _report(progress: Progress | None, check: TwinCheck, short: np.ndarray, kept: int, margin: float,
