@@ -20,7 +20,7 @@ req/s, lengths are mean tokens per request.
   profile's step-latency model) and ``load_over_saturation`` = arriving / that. Starved scenarios
   serve about their capacity, which the study's features can only approximate piecewise; with
   this estimate the trees learn a correction instead (5-fold CV throughput SMAPE 8.7 % → 4.9 % on
-  3,000 rows of the shipped Llama set: ``benchmarks/saturation_feature.py``).
+  3,000 rows of the shipped Llama set: ``benchmarks/studies/saturation_feature.py``).
 
 Profile terms enter through one array, :func:`engine_terms`.
 """

@@ -2,7 +2,7 @@
 
 Each run becomes what a user would give the planner: adapter ranks (from the per-rank counts),
 rates (from ``rate_counts``; the rank↔rate pairing was not logged, so it is shuffled with a fixed
-seed, as benchmarks/twin_fidelity.py does), the prompt pool's mean lengths, A_max and S_max.
+seed, as benchmarks/fidelity/twin_fidelity.py does), the prompt pool's mean lengths, A_max and S_max.
 Only runs with ``status == ok`` are kept.
 """
 

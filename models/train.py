@@ -19,7 +19,7 @@ The shipped forest of the reduced search is sized for speed (issue 4: a full-mod
 10,000 rows in ≤ 5 ms): :data:`SHIPPED_FOREST` — 16 extremely randomized trees (sklearn's
 ``ExtraTreesRegressor``: random split thresholds, no bootstrap) for throughput and a random forest
 of 8 trees for starvation, leaves unbounded unless ``max_leaf_nodes`` says otherwise
-(``benchmarks/forest_size.py`` measures the alternatives). Their small grid is searched exhaustively
+(``benchmarks/studies/forest_size.py`` measures the alternatives). Their small grid is searched exhaustively
 (GridSearchCV): successive halving dropped the squared-error criterion after scoring it on a third
 of the rows, while 5-fold CV on all training rows prefers it for unbounded trees. ``search="paper"`` tunes the study's
 random forests (32–256 trees), which are larger and slower. A ``max_leaf_nodes`` at least the

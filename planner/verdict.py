@@ -26,7 +26,7 @@ its LLM server benchmarks (MLPerf Inference, Llama-2-70B server scenario): a use
 within two seconds and then reads at least five tokens a second. ``--objective throughput`` drops it,
 leaving the paper's rule alone. ``slowdown`` is the profile's safety margin (``Profile.planning``):
 how much slower than its twin a real engine of that profile was measured to run, so that a GPU the
-twin passes holds on the real one too (benchmarks/edge_margin.py).
+twin passes holds on the real one too (benchmarks/fidelity/edge_margin.py).
 """
 
 from __future__ import annotations

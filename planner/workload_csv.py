@@ -41,7 +41,7 @@ BOUNDS = {"rank": (1, 1024, "a LoRA rank"), "rate_rps": (0.0, 1e5, "requests per
 #: The longest field the reader takes (a path column can be long; an id is at most 256).
 MAX_FIELD = 4096
 #: The most adapters one workload holds: a plan of 100,000 takes under a minute and 0.5 GB on 2 cores
-#: (benchmarks/fleet_plans.py); this bounds a plan's memory near 1 GB. A larger fleet plans in parts.
+#: (benchmarks/placement/fleet_plans.py); this bounds a plan's memory near 1 GB. A larger fleet plans in parts.
 MAX_ADAPTERS = 200_000
 OPTIONAL = ("input_tokens", "output_tokens", "path", "max_ttft_s", "max_tpot_ms")
 #: Where a workload came from, as `planner workload` writes it: read and checked, not planned with (the

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -43,6 +42,7 @@ import numpy as np
 
 from serving_harness.engine import Engine, EngineConfig, StartResult
 from serving_harness.loadgen import RunRecords, run_load
+from serving_harness.machine import machine_facts
 from serving_harness.metrics import cache_config, parse_prometheus
 from serving_harness.synth import model_shape, write_adapters
 from twin.atomic import write_json_atomic
@@ -428,35 +428,6 @@ def fit_profile(spec: ProfileSpec, raw: dict[str, dict], provenance: dict, descr
     }
     profile_from_dict(profile, where=f"fitted profile {spec.profile_id}")  # validates
     return profile
-
-
-def machine_facts(device: str = "cpu", gpu: int | None = None) -> dict:
-    """The host (and, for ``device="cuda"``, GPU ``gpu`` as nvidia-smi reports it) the profile was measured on."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    facts = {"accelerator": "none (CPU)", "cpu": cpu, "nproc": os.cpu_count(), "platform": platform.platform()}
-    if device == "cuda":
-        facts.update(_gpu_facts(gpu or 0))
-    return facts
-
-
-def _gpu_facts(index: int) -> dict:
-    import subprocess
-
-    query = ["nvidia-smi", "-i", str(index), "--query-gpu=name,memory.total,driver_version",
-             "--format=csv,noheader,nounits"]
-    try:
-        out = subprocess.run(query, capture_output=True, text=True, timeout=60, check=True).stdout
-        name, mib, driver = (f.strip() for f in out.strip().splitlines()[0].split(","))
-        return {"accelerator": name, "gpu_index": index, "memory_gib": round(float(mib) / 1024, 2), "driver": driver}
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-        return {"accelerator": "CUDA GPU (nvidia-smi unavailable)", "gpu_index": index}
 
 
 def vllm_version(python: str | None) -> str:

@@ -15,14 +15,14 @@ What comes from where (the study's profiling files; only ``REAL_RUN_TERMS`` belo
   their x data is missing from the public snapshot, so they cannot be refitted).
 * Variant ``with-prefill``: the same plus a prompt-token cost kp = 0.01 ms/token (the Llama prefill
   rows suggest 0.02 ms/token of backbone time; 0.01 was the better of {0, 0.01, 0.02} for throughput
-  on the calibration half of the real runs, see benchmarks/twin_fidelity.py --kp).
+  on the calibration half of the real runs, see benchmarks/fidelity/twin_fidelity.py --kp).
 * Adapter load latency and scheduler overhead: the study's tables and constants.
 * Backbone max throughput (what the MaxBase baseline packs to): the study's benchmarked constant.
 
 Both default models (``REAL_RUN_TERMS``) replace the study's multiplicative LoRA factor with costs
 that Qwen's 163 real runs show and eq. 1 cannot express; the three constants below were chosen
 on the calibration half of those runs (ranks {8,16}) and checked on the held-out half
-(benchmarks/twin_fidelity.py; the ranks-{8,16,32} runs are held out):
+(benchmarks/fidelity/twin_fidelity.py; the ranks-{8,16,32} runs are held out):
 
 * LoRA is additive, l0 + l1·B (k7 = 100): light-load runs (batch 1–5) pay ~3.4 ms over the
   backbone where eq. 1's ×1.78 says ~8; l1 is set so that at the profiling batch of 220 the LoRA
@@ -40,10 +40,10 @@ Llama has no real runs in the study's data; it takes the same three terms (``REA
   LoRA-overhead runs (``lora_overhead_vs_adapters.csv``, same engine, batch cap 220/250): one adapter
   adds 18.3 ms (Llama) and 16.9 ms (Qwen) to the backbone step, and each further distinct adapter of
   the batch 0.334 and 0.329 ms; in absolute milliseconds, not in proportion to the models' sizes,
-  so l0 and l3 carry over unscaled while l1 follows Llama's own K7 (``benchmarks/llama_terms.py``).
+  so l0 and l3 carry over unscaled while l1 follows Llama's own K7 (``benchmarks/fidelity/llama_terms.py``).
 
 The previous default of each model stays as the variant ``eq1``. A profile's ``planning`` section (its
-safety margins) is written by ``python benchmarks/edge_margin.py --write`` and kept by a rebuild.
+safety margins) is written by ``python -m benchmarks.fidelity.edge_margin --write`` and kept by a rebuild.
 """
 
 from __future__ import annotations
@@ -203,7 +203,7 @@ def main(argv=None) -> None:
     profiles = build(args.data)
     for pid, prof in profiles.items():
         path = args.out_dir / f"{pid}.json"
-        if path.is_file():  # the safety margins come from benchmarks/edge_margin.py --write: keep them
+        if path.is_file():  # the safety margins come from benchmarks/fidelity/edge_margin.py --write: keep them
             planning = json.loads(path.read_text(encoding="utf-8")).get("planning")
             if planning is not None:
                 prof["planning"] = planning

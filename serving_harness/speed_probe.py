@@ -1,7 +1,7 @@
 """A fixed probe of how fast an engine decodes at the moment, and the twin's answer to the same probe.
 
 A shared CPU VM gives an engine a speed that moves from one stretch of minutes to the next (see
-benchmarks/engine_speed_drift.py). The probe — PROBE_REQUESTS requests of one adapter sent together,
+benchmarks/fidelity/engine_speed_drift.py). The probe — PROBE_REQUESTS requests of one adapter sent together,
 PROMPT prompt tokens and OUTPUT output tokens each — is small enough to run right before and after a
 validation case (or a ``planner verify`` engine's traffic). Real probe ITL over the twin's probe ITL is
 the machine's speed relative to the profile at that time: ``Profile.slowed`` scales the twin's step

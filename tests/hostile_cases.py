@@ -2,7 +2,7 @@
 
 Each :class:`Case` writes its files into a directory and names the command line to run there; every one
 must end with exit code 2, one line of error and no traceback, and write nothing. ``tests/test_hostile_inputs.py``
-runs them in-process; ``python benchmarks/hostile_inputs.py`` runs them as real processes.
+runs them in-process; ``python -m benchmarks.placement.hostile_inputs`` runs them as real processes.
 """
 
 from __future__ import annotations

@@ -385,7 +385,7 @@ def test_profile_on_cuda_sizes_its_batches_for_a_gpu(tmp_path, monkeypatch):
 
 
 def test_machine_facts_name_the_gpu_nvidia_smi_reports(tmp_path, monkeypatch):
-    from serving_harness.profiling import machine_facts
+    from serving_harness.machine import machine_facts
 
     monkeypatch.setenv("PATH", str(tmp_path))
     assert machine_facts("cuda")["accelerator"] == "CUDA GPU (nvidia-smi unavailable)"

@@ -1,6 +1,6 @@
 """Every hostile or careless input is exit 2 with one line, no traceback, and nothing written.
 
-The cases are in tests/hostile_cases.py (``python benchmarks/hostile_inputs.py`` runs them as real
+The cases are in tests/hostile_cases.py (``python -m benchmarks.placement.hostile_inputs`` runs them as real
 processes); here they run in-process, plus rendered launch scripts executed with a stub ``python`` to
 show no workload-derived value runs as a command, and property-based fuzzing of the two readers.
 """

@@ -92,7 +92,7 @@ def test_shipped_surrogates_were_trained_on_the_shipped_datasets(path):
 
 def test_the_study_profiles_rebuild_from_the_repository_alone(tmp_path):
     """The command in their provenance, run on the study's files shipped in datasets/measured/, gives the
-    shipped files byte for byte (their ``planning`` section, which benchmarks/edge_margin.py writes, kept)."""
+    shipped files byte for byte (their ``planning`` section, which benchmarks/fidelity/edge_margin.py writes, kept)."""
     from serving_harness import published_profiles
 
     shipped = ROOT / "artifacts" / "profiles"

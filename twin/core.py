@@ -31,7 +31,7 @@ the explicit loop below; after it the loop waits 1, 2, 4 ... 64 explicit steps b
 deep overload pays next to nothing for the check. A trace keeps the loop explicit. Results are
 identical either way (tests/test_twin_steady_decode.py).
 
-Speed notes (``benchmarks/twin_speed.py``): numba's ``inline="always"`` inlines at its IR level, and
+Speed notes (``benchmarks/speed/twin_speed.py``): numba's ``inline="always"`` inlines at its IR level, and
 in this large loop that is sometimes much slower than a plain call; each helper keeps the form that
 measured faster.
 """

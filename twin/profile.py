@@ -14,7 +14,7 @@ kernels launch work over every slot (their grid spans max_loras) on weights padd
 rank. The study's model is ``kp = l0 = l1 = l2 = l3 = 0``; an additive LoRA model is
 ``k6 = 0, k7 = 100``. The LoRA term grows with requests, not tokens: at batch ~230 of decodes vLLM
 0.8.5 pays ~0.06 ms per request for LoRA, far more than any per-token cost of a 2048-token step
-allows (see benchmarks/twin_fidelity.py).
+allows (see benchmarks/fidelity/twin_fidelity.py).
 
 ``arrival_delay`` (ms) is latency without engine time: a request joins the waiting queue that long
 after it arrives (the API server's HTTP handling, tokenising and hand-off to the engine). It is 0
