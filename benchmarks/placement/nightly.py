@@ -13,7 +13,8 @@ night's workload.
 Targets (issue "Nightly re-plan"): every night exits 0; GPUs <= fresh + 1 every night and = fresh on
 >= 90 % of nights; moves <= materially changed adapters + 5 % of all; 0 GPUs failing the evaluation.
 
-    python -m benchmarks.placement.nightly [--sizes 2000,10000] [--seeds 0,1,2] [--family log-uniform] [--nights 30]
+    python -m benchmarks.placement.nightly [--sizes 2000,10000] [--seeds 0,1,2] [--families log-uniform,zipf]
+        [--nights 30] [--max-moves 5%]   # --max-moves: a churn cap, as `planner replan` takes
         # -> artifacts/benchmarks/nightly.json
 """
 
@@ -50,7 +51,8 @@ def material(before: dict[str, float], after: dict[str, float], threshold: float
     return sum(1 for a, r in after.items() if a in before and abs(np.log(max(r, 1e-9) / max(before[a], 1e-9))) > bound)
 
 
-def fleet(family: str, n: int, seed: int, nights: int, threshold: float, work: Path, profile: str) -> list[dict]:
+def fleet(family: str, n: int, seed: int, nights: int, threshold: float, work: Path, profile: str,
+          max_moves: str | None) -> list[dict]:
     plan = work / "plan.json"
     rows: list[dict] = []
     before: dict[str, float] = {}
@@ -62,7 +64,8 @@ def fleet(family: str, n: int, seed: int, nights: int, threshold: float, work: P
             rc, wall, _, err = run(["plan", str(csv), "--profile", profile, "--out", str(plan)])
             row = {"night": 0, "exit": rc, "wall_s": round(wall, 2)}
         else:
-            rc, wall, out, err = run(["replan", str(csv), "--previous", str(plan), "--out", str(plan), "--json"])
+            cap = [] if max_moves is None else ["--max-moves", max_moves]
+            rc, wall, out, err = run(["replan", str(csv), "--previous", str(plan), "--out", str(plan), *cap, "--json"])
             row = {"night": night, "exit": rc, "wall_s": round(wall, 2), "materially_changed": material(before, rates,
                                                                                                         threshold)}
             if rc == 0:
@@ -109,22 +112,25 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="2000,10000")
     ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--family", default="log-uniform")
+    ap.add_argument("--families", default="log-uniform", help="comma-separated families of twin.families")
     ap.add_argument("--nights", type=int, default=30)
     ap.add_argument("--material", type=float, default=0.25, help="a rate change above this share is material")
     ap.add_argument("--profile", default="h100-64gb-llama-3.1-8b")
+    ap.add_argument("--max-moves", default=None, help="replan --max-moves (default: none, the README's crontab line)")
     ap.add_argument("--out", type=Path, default=result_path("nightly"))
     args = ap.parse_args()
     fleets = []
     for n in (int(x) for x in args.sizes.split(",")):
-        for seed in (int(x) for x in args.seeds.split(",")):
-            with tempfile.TemporaryDirectory(prefix="nightly-") as tmp:
-                rows = fleet(args.family, n, seed, args.nights, args.material, Path(tmp), args.profile)
-            fleets.append({"adapters": n, "seed": seed, "family": args.family, "summary": summary(rows, n),
-                           "nights": rows})
-            print(json.dumps(fleets[-1]["summary"]), flush=True)
-    out = {"benchmark": "nightly", "profile": args.profile, "material_change": args.material, "fleets": fleets}
-    write_result(args.out, out)
+        for family in args.families.split(","):
+            for seed in (int(x) for x in args.seeds.split(",")):
+                with tempfile.TemporaryDirectory(prefix="nightly-") as tmp:
+                    rows = fleet(family, n, seed, args.nights, args.material, Path(tmp), args.profile, args.max_moves)
+                fleets.append({"adapters": n, "seed": seed, "family": family, "summary": summary(rows, n),
+                               "nights": rows})
+                print(json.dumps({"adapters": n, "family": family, "seed": seed, **fleets[-1]["summary"]}), flush=True)
+                # written after every fleet: an interrupted run keeps the fleets done
+                write_result(args.out, {"benchmark": "nightly", "profile": args.profile, "max_moves": args.max_moves,
+                                        "material_change": args.material, "fleets": fleets})
 
 
 if __name__ == "__main__":
