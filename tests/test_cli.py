@@ -55,3 +55,16 @@ def test_profiles_lists_provenance():
     assert res.exit_code == 0
     items = json.loads(res.output)
     assert any(i["default"] for i in items) and all(i["provenance"] for i in items)
+
+
+def test_the_readme_example_is_what_the_readme_command_prints():
+    """The README shows a real plan: the output of its own first command, as it is today."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    prompt = "$ planner plan datasets/workloads/mixed-ranks-128-adapters.csv\n"
+    shown = readme[readme.index(prompt) + len(prompt):].split("```", 1)[0]
+    res = CliRunner().invoke(main, ["plan", str(Path(__file__).resolve().parents[1] / "datasets" / "workloads"
+                                                / "mixed-ranks-128-adapters.csv")])
+    assert res.exit_code == 0
+    assert res.output == shown
