@@ -329,7 +329,7 @@ class _Replan:
         adapters)."""
         target = fresh_gpus + self.budget.gpu_tolerance
         while len(self.slots) > target:
-            if not self.empty_one():
+            if not self.empty_one() and not self.merge_lightest(len(self.slots) - target):
                 break
 
     def moves_left(self) -> float:
@@ -358,6 +358,61 @@ class _Replan:
             for s in others:  # undo the trial
                 s.restore(saved[id(s)])
         return False
+
+    def merge_lightest(self, excess: int) -> bool:
+        """Pack the adapters of the ``k`` least-loaded GPUs again onto fewer, judged like a fresh plan, for a few
+        ``k`` from ``excess`` + 1: what emptying one GPU at a time cannot do when every GPU has a little room and
+        none has enough for a whole GPU's adapters. Each new group goes to the GPU it shares most traffic with,
+        so only the other adapters move; within the moves and restarts budget."""
+        by_load = sorted(self.slots, key=lambda s: self.load(s.shares))
+        for k in sorted({excess + 1, 2 * excess + 2, 4 * excess + 4}):
+            if k > len(by_load):
+                break
+            chosen = by_load[:k]
+            pooled: dict[int, float] = {}
+            for slot in chosen:
+                for i, share in slot.shares.items():
+                    pooled[i] = pooled.get(i, 0.0) + share
+            try:
+                groups, rows = self.packed(list(pooled.items()), k - 1)
+            except InfeasibleError:
+                continue
+            if self.take_over(chosen, groups, rows):
+                self.log(f"consolidation: packed the adapters of the {k} least-loaded GPUs onto {len(groups)}; "
+                         f"{len(self.slots)} GPUs")
+                return True
+        return False
+
+    def take_over(self, chosen: list[_Slot], groups: list[GpuGroup], rows: list[dict | None]) -> bool:
+        """Put ``groups`` on ``chosen`` GPUs (the most shared traffic first; the GPUs left over are emptied) if
+        the moves and restarts this takes fit the budget; False leaves everything as it was."""
+        overlap = [[sum(min(g.shares.get(i, 0.0), sh) * self.req.arriving_tok_s[i] for i, sh in s.shares.items())
+                    for s in chosen] for g in groups]
+        pairs = sorted(((overlap[a][b], a, b) for a in range(len(groups)) for b in range(len(chosen))), reverse=True)
+        home: dict[int, int] = {}
+        for _, a, b in pairs:
+            if a not in home and b not in home.values():
+                home[a] = b
+        moved = {i for b, slot in enumerate(chosen) if slot.prev is not None for i in slot.shares
+                 if not any(home[a] == b and i in groups[a].shares for a in home)}
+        saved = {id(s): s.state() for s in chosen}
+        for a, b in home.items():
+            slot, group = chosen[b], groups[a]
+            slot.shares, slot.row, slot.changed = dict(group.shares), rows[a], True
+            self.restart(slot, group.a_max, "consolidation: it took the adapters of GPUs emptied to save a GPU")
+        over_budget = len(moved - set(self.moves)) > self.moves_left() or (
+            self.budget.max_restarts is not None and self.restarts > self.budget.max_restarts)
+        if over_budget:
+            for slot in chosen:
+                slot.restore(saved[id(slot)])
+            return False
+        for i in moved:
+            self.moves.setdefault(i, "consolidation: its GPU was emptied to save a GPU")
+        for b, slot in enumerate(chosen):
+            if b not in home.values():
+                slot.shares = {}
+                self.drop(slot)
+        return True
 
     def absorb(self, victim: _Slot, others: list[_Slot]) -> bool:
         """Move every adapter of ``victim`` onto ``others`` (changing them in place): each to a GPU the

@@ -129,6 +129,35 @@ def test_replan_moves_little_and_reports_changes(tmp_path, profile):
     assert {c["instance_id"] for c in ch["instances"] if c["status"] == "kept"} <= before
 
 
+def test_replan_merges_the_lightest_gpus_onto_fewer(tmp_path, profile):
+    """The consolidation step that repacks several GPUs at once: on a day at a third of the traffic, the
+    adapters of the lightest GPUs go onto fewer, each new group on the GPU it shares most traffic with;
+    only adapters that changed GPU count as moves, and every adapter keeps its whole traffic."""
+    from planner.replan import ChurnBudget, _Judge, _Replan
+    from planner.verdict import DEFAULT_BAR, DEFAULT_RUN
+
+    csv, p = plan_for(tmp_path, profile, [1.0] * 40)
+    req = capacity_request(workload([1.0 / 3] * 40), profile)
+    work = _Replan(p, req, _Judge(req, DEFAULT_RUN, DEFAULT_BAR, False), ChurnBudget(), True, None)
+    before = {i: next(s.prev.instance_id for s in work.slots if i in s.shares) for i in range(40)}
+    n = len(work.slots)
+    assert n >= 4
+    assert work.merge_lightest(1)
+    assert len(work.slots) < n
+    held = {}
+    for s in work.slots:
+        assert work.judge.check([s.group])[0].all()
+        for i, share in s.shares.items():
+            held[i] = held.get(i, 0.0) + share
+    assert held == pytest.approx({i: 1.0 for i in range(40)})
+    moved = {i for i in range(40) if not any(s.prev is not None and s.prev.instance_id == before[i] and i in s.shares
+                                             for s in work.slots)}
+    assert moved and set(work.moves) == moved
+    assert all(why.startswith("consolidation") for why in work.moves.values())
+    frozen = _Replan(p, req, _Judge(req, DEFAULT_RUN, DEFAULT_BAR, False), ChurnBudget(max_moves=0), True, None)
+    assert not frozen.merge_lightest(1) and len(frozen.slots) == n  # no moves allowed: nothing changes
+
+
 def test_replan_gives_an_emptied_gpu_to_a_new_group(tmp_path, profile):
     csv, p = plan_for(tmp_path, profile, [1.0] * 25)
     gone = set(p.instances[0].adapters)  # every adapter of the first GPU leaves the workload ...
