@@ -6,12 +6,29 @@ from __future__ import annotations
 import math
 import shlex
 import sys
+import time
 from pathlib import Path
 
 import click
 
 from planner.cli_common import print_json, user_errors
 from twin.progress import counter
+
+
+def parse_deadline(value: str | None) -> float | None:
+    """``--deadline``: epoch seconds, or a time from now (``12m``, ``720s``, ``1h``); None: no deadline."""
+    from twin.errors import BadInputError
+
+    if value is None:
+        return None
+    text = value.strip().lower()
+    units = {"s": 1, "m": 60, "h": 3600}
+    try:
+        if text and text[-1] in units:
+            return time.time() + float(text[:-1]) * units[text[-1]]
+        return float(text)
+    except ValueError:
+        raise BadInputError(f"--deadline must be epoch seconds or a time from now like 12m (got {value!r})") from None
 
 
 def _command_line() -> str:
@@ -123,18 +140,27 @@ def _int_list(value: str, flag: str) -> tuple[int, ...]:
               help="Seconds of arrivals per calibration workload.")
 @click.option("--warmup", type=click.FloatRange(min=0), default=5.0, show_default=True)
 @click.option("--python", "python", default=None, help="Python that has vLLM [default: this one].")
+@click.option("--lean", is_flag=True,
+              help="Two engine starts instead of about twenty, for a short GPU lease: one without LoRA (its KV "
+                   "size), one with --max-loras 8 at the largest --ranks that runs every LoRA experiment; the KV "
+                   "grid follows from the slots' bytes (within 0.2 % of the grid measured on an H100).")
+@click.option("--deadline", default=None, metavar="WHEN",
+              help="Stop, exit 5, before a step that would not finish by WHEN: epoch seconds, or a time from now "
+                   "(12m, 720s); what finished is saved and the same command resumes it.")
 @click.option("--json", "as_json", is_flag=True, help="Print the profile JSON.")
 @user_errors
 def profile(device, model_dir, out, profile_id, work_dir, kv_cache_bytes, gpu_memory_utilization, ranks,
             a_max_points, batch_sizes, prompt_lengths, decode_tokens, max_num_batched_tokens, max_num_seqs,
-            max_model_len, load_format, gpu, calibration_cases, duration, warmup, python, as_json) -> None:
+            max_model_len, load_format, gpu, calibration_cases, duration, warmup, python, lean, deadline,
+            as_json) -> None:
     """Measure vLLM serving MODEL and fit a twin profile (KV capacity, step latency, LoRA, loads).
 
-    Starts one engine per experiment group (about 20 start-ups with the defaults), saves each
-    experiment's raw result under --work-dir as it completes (rerun to resume), fits every term,
+    Starts one engine per experiment group (about 20 start-ups with the defaults; 2 with --lean), saves
+    each experiment's raw result under --work-dir as it completes (rerun to resume), fits every term,
     calibrates the step latency on --calibration-cases Poisson workloads and writes the profile to
     --out. Takes about 30 minutes on 2 CPU cores with the tiny model; on an H100 with an 8B model
-    each engine start-up takes about 2 minutes (vLLM 0.22: torch.compile, CUDA graphs).
+    each engine start-up takes about 2 minutes (vLLM 0.22: torch.compile, CUDA graphs). Engine starts
+    are recorded in WORK_DIR/starts.json.
 
     \b
     Examples:
@@ -142,6 +168,8 @@ def profile(device, model_dir, out, profile_id, work_dir, kv_cache_bytes, gpu_me
       planner profile --engine cpu --model work/tiny/model --out artifacts/profiles/my-cpu.json
       planner synth --out work/l8 --shape llama-3.1-8b --config-only --adapters-per-rank 0
       planner profile --engine cuda --gpu 0 --model work/l8/model --load-format dummy --out h100.json
+      planner profile --engine cuda --model work/l8/model --load-format dummy --lean --calibration-cases 0 \
+          --deadline 12m --out h100.json     # one short lease (serving_harness/gpu_lease.sh runs the whole flow)
     """
     from serving_harness.profiling import Profiler, ProfileSpec, Progress, profile_engine
     from twin.errors import BadInputError
@@ -180,10 +208,12 @@ def profile(device, model_dir, out, profile_id, work_dir, kv_cache_bytes, gpu_me
         max_num_batched_tokens=budget, max_num_seqs=max_num_seqs, prompt_lengths=prompts,
         decode_tokens=decode_tokens, max_model_len=max_model_len, lora_ranks=rank_list,
         a_max_points=_int_list(a_max_points, "--a-max-points"),
-        latency_rank=16 if 16 in rank_list else rank_list[0], batch_sizes=batches, lora_batch_sizes=lora_batches,
+        latency_rank=max(rank_list) if lean else 16 if 16 in rank_list else rank_list[0], batch_sizes=batches,
+        lora_batch_sizes=lora_batches, lean=lean,
     )
     progress = Progress(len(Profiler(spec, work).experiment_names()) + calibration_cases, counter("profiling", unit="experiment"))
-    result = profile_engine(spec, work, out, _command_line(), python, progress, calibration_cases, duration, warmup)
+    result = profile_engine(spec, work, out, _command_line(), python, progress, calibration_cases, duration, warmup,
+                            parse_deadline(deadline))
     for warning in result["provenance"].get("fit_warnings", []):
         click.echo(f"warning: {warning}", err=True)
     if as_json:
@@ -215,11 +245,17 @@ def profile(device, model_dir, out, profile_id, work_dir, kv_cache_bytes, gpu_me
 @click.option("--python", "python", default=None, help="Python that has vLLM [default: this one].")
 @click.option("--gpu", type=click.IntRange(min=0), default=None,
               help="CUDA device index for a CUDA profile [default: the one it was profiled on].")
+@click.option("--engines", type=click.IntRange(min=1), default=None,
+              help="Spread the workloads over this many engines (A_max 1 at the largest rank, 2 at the smallest, "
+                   "then 4 and 8) [default: 5]; 2 for a short GPU lease.")
+@click.option("--deadline", default=None, metavar="WHEN",
+              help="Stop, exit 5, before an engine or workload that would not finish by WHEN (epoch seconds, or "
+                   "a time from now: 12m); the workloads done are saved and the same command resumes.")
 @click.option("--record", is_flag=True, help="Also store the summary in the profile JSON's `validation` field.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @user_errors
 def validate(profile_id, model_dir, cases, duration, warmup, seed, work_dir, workloads_of, out_dir, python, gpu,
-             record, as_json) -> None:
+             engines, deadline, record, as_json) -> None:
     """Run workloads the profile was not fitted on, on real vLLM and in the twin, and compare.
 
     Each workload (Poisson arrivals, skewed per-adapter rates, 1-8 GPU slots, light to overloaded)
@@ -253,7 +289,8 @@ def validate(profile_id, model_dir, cases, duration, warmup, seed, work_dir, wor
     if not model or not Path(model).is_dir():
         raise BadInputError(f"model directory {model!r} not found; pass --model (e.g. from `planner synth`)")
     work = Path(work_dir) if work_dir else Path("validation-work") / prof.profile_id
-    validator = Validator(prof, str(Path(model)), work, duration, warmup, python, counter("validating", unit="case"), gpu)
+    validator = Validator(prof, str(Path(model)), work, duration, warmup, python, counter("validating", unit="case"), gpu,
+                          deadline=parse_deadline(deadline), engines=engines or 0)
     if saved:
         validator.adopt_workloads(saved, workloads_of)
     rows = validator.compare(validator.run(validator.workload_set(cases, seed)))

@@ -23,6 +23,11 @@ finished ones, so an interrupted profile resumes) are the smallest set that fixe
 * ``sched-r<R>``: ``--max-loras 1``; a few running requests of one adapter while W requests of
   another adapter wait (each step's waiting scan skips them all): ITL slope in W → k2.
 
+With ``lean`` (for a short GPU lease) two engines do it all: ``kv-nolora``, then one LoRA engine at the largest
+rank running every other experiment (:meth:`Profiler.run_lean`); the KV grid follows from the slots' bytes
+(:func:`lean_kv_tokens`). A ``deadline`` stops the work before a step that would not finish in time
+(:mod:`serving_harness.lease`).
+
 Every experiment drives the server through the same load generator and streaming API as real
 workloads, so the fitted step time includes the API server's and the client's share of the CPU.
 Each engine first serves a few untimed requests: the first ones after start-up pay one-off costs
@@ -41,10 +46,11 @@ from pathlib import Path
 import numpy as np
 
 from serving_harness.engine import Engine, EngineConfig, StartResult
+from serving_harness.lease import Lease
 from serving_harness.loadgen import RunRecords, run_load
 from serving_harness.machine import machine_facts
 from serving_harness.metrics import cache_config, parse_prometheus
-from serving_harness.synth import model_shape, write_adapters
+from serving_harness.synth import ModelShape, model_shape, write_adapters
 from twin.atomic import write_json_atomic
 from twin.errors import BadInputError
 from twin.profile import SCHEMA_VERSION, profile_from_dict, write_profile
@@ -78,12 +84,56 @@ class ProfileSpec:
     repeats: int = 5
     default_input_tokens: float = 128.0
     default_output_tokens: float = 32.0
+    #: Two engine starts instead of one per grid point (see :meth:`Profiler.run_lean`), for a short GPU lease.
+    lean: bool = False
 
     def __post_init__(self):
         if self.latency_rank not in self.lora_ranks:
             raise BadInputError(f"latency rank {self.latency_rank} must be one of the profiled ranks {self.lora_ranks}")
+        if self.lean and self.latency_rank != max(self.lora_ranks):
+            raise BadInputError("a lean profile's one LoRA engine runs at the largest rank: latency rank "
+                                f"{self.latency_rank} must be {max(self.lora_ranks)}")
         if max(self.adapter_counts) > self.latency_a_max:
             raise BadInputError("adapter counts of the LoRA experiment must not exceed its A_max")
+
+
+#: Rough upper estimates (s) of each experiment once its engine runs, by device: a lease stops before a step
+#: these say would not finish (the step's work would be lost), and resumes there next time.
+EXPERIMENT_S = {
+    "cpu": {"kv": 5, "backbone": 240, "prefill": 60, "lora": 300, "load": 90, "sched": 120},
+    "cuda": {"kv": 5, "backbone": 90, "prefill": 30, "lora": 120, "load": 60, "sched": 60},
+}
+#: KV tokens one ``--max-loras`` slot costs beyond its buffers' bytes: on the H100 80GB (vLLM 0.22) a slot took
+#: 4.4 % (rank 16) and 5.0 % (rank 32) more KV than its A/B buffers (datasets/measured/h100-80gb-llama-3.1-8b).
+SLOT_KV_OVERHEAD = 1.05
+
+
+def experiment_estimate_s(name: str, device: str) -> float:
+    """What experiment ``name`` (``kv-*``, ``load-*``, ``sched-*``, ``backbone``, ...) is expected to take."""
+    table = EXPERIMENT_S.get(device, EXPERIMENT_S["cuda"])
+    return float(table[name.split("-")[0]])
+
+
+def lean_kv_tokens(shape: ModelShape, spec: ProfileSpec, measured_tokens: int, block_size: int) -> dict[str, list[int | None]]:
+    """A lean profile's KV grid from its one LoRA engine's KV (``latency_a_max`` slots of the largest rank):
+    vLLM sizes the KV cache from the memory left after the slots, so each slot of rank r more (or fewer)
+    moves it by that slot's bytes (times :data:`SLOT_KV_OVERHEAD`) over a token's KV bytes; with an explicit
+    KV size (``--kv-cache-memory-bytes``) slots take nothing from it. A point whose KV holds no
+    ``max_model_len`` sequence is a start-up failure (None), as vLLM V1 refuses it."""
+    def slot(r: int) -> float:
+        if spec.kv_cache_bytes:
+            return 0.0
+        return shape.lora_slot_bytes(r) * SLOT_KV_OVERHEAD / shape.kv_bytes_per_token
+
+    anchor = measured_tokens + spec.latency_a_max * slot(spec.latency_rank)
+    out: dict[str, list[int | None]] = {}
+    for r in spec.lora_ranks:
+        cells = []
+        for a in spec.a_max_points:
+            tokens = int((anchor - a * slot(r)) // block_size * block_size)
+            cells.append(tokens if tokens >= spec.max_model_len else None)
+        out[str(r)] = cells
+    return out
 
 
 @dataclass
@@ -133,13 +183,14 @@ class Profiler:
     """Runs the experiments of a :class:`ProfileSpec` under ``work_dir`` and fits the profile."""
 
     def __init__(self, spec: ProfileSpec, work_dir: str | os.PathLike, python: str | None = None,
-                 progress: Progress | None = None):
+                 progress: Progress | None = None, deadline: float | None = None):
         self.spec = spec
         self.work = Path(work_dir)
         self.raw = self.work / "raw"
         self.python = python
         self.shape = model_shape(spec.model_dir)
         self.progress = progress
+        self.lease = Lease(self.work, spec.device, deadline)
 
     # ------------------------------------------------------------------------------------------
     # Engines and adapters
@@ -167,6 +218,14 @@ class Profiler:
     def _engine(self, config: EngineConfig, name: str) -> Engine:
         kwargs = {"python": self.python} if self.python else {}
         return Engine(config, self.work / "logs" / f"{name}.log", **kwargs)
+
+    def _start(self, engine: Engine, name: str, first_experiment: str) -> StartResult:
+        """Start ``engine`` if the lease has time for it and its first experiment; record the start."""
+        self.lease.need(self.lease.start_estimate_s() + experiment_estimate_s(first_experiment, self.spec.device),
+                        f"starting engine {name}")
+        started = engine.start()
+        self.lease.record_start(name, started.startup_s, started.status)
+        return started
 
     def check_resumable(self) -> None:
         """Record the settings in ``work_dir/spec.json`` (the spec less its id and model path, plus the
@@ -207,11 +266,12 @@ class Profiler:
         if not todo:
             return
         with self._engine(config, name) as engine:
-            started = engine.start()
+            started = self._start(engine, name, next(iter(todo)))
             if not started.ok:
                 raise RuntimeError(f"engine {name} did not start ({started.status}): {started.message}")
             self.warm_up(engine.base_url, [n for n, _ in config.adapters])
             for key, fn in todo.items():
+                self.lease.need(experiment_estimate_s(key, self.spec.device), f"experiment {key}")
                 self._save(key, fn(engine.base_url))
 
     # ------------------------------------------------------------------------------------------
@@ -219,6 +279,8 @@ class Profiler:
 
     def experiment_names(self) -> list[str]:
         s = self.spec
+        if s.lean:
+            return ["kv-nolora", "kv-lean", "backbone", "prefill", "lora", "load-lean", f"sched-r{s.latency_rank}"]
         names = ["kv-nolora", *(f"kv-a{a}-r{r}" for r in s.lora_ranks for a in s.a_max_points)]
         names += ["backbone", "prefill", "lora"]
         names += [f"load-r{r}" for r in s.lora_ranks] + [f"sched-r{s.latency_rank}"]
@@ -228,15 +290,19 @@ class Profiler:
         if (done := self._done(name)) is not None:
             return done
         with self._engine(config, name) as engine:
-            started = engine.start()
+            started = self._start(engine, name, name)
             row = {"a_max": config.max_loras, "max_lora_rank": config.max_lora_rank, "enable_lora": config.enable_lora,
                    **_start_fields(started)}
             if started.ok:
-                with _urlopen(f"{engine.base_url}/metrics") as r:
-                    cc = cache_config(parse_prometheus(r.read().decode()))
-                row.update(block_size=int(cc["block_size"]), num_gpu_blocks=int(cc["num_gpu_blocks"]),
-                           kv_tokens=int(cc["num_gpu_blocks"]) * int(cc["block_size"]))
+                row.update(self.kv_size(engine.base_url))
         return self._save(name, row)
+
+    def kv_size(self, base_url: str) -> dict:
+        """The running engine's KV cache: block size, blocks and tokens (``vllm:cache_config_info``)."""
+        with _urlopen(f"{base_url}/metrics") as r:
+            cc = cache_config(parse_prometheus(r.read().decode()))
+        return {"block_size": int(cc["block_size"]), "num_gpu_blocks": int(cc["num_gpu_blocks"]),
+                "kv_tokens": int(cc["num_gpu_blocks"]) * int(cc["block_size"])}
 
     def warm_up(self, base_url: str, adapters: list[str]) -> None:
         """Untimed requests (a burst with one request per adapter, then the longest prompt) so no
@@ -283,27 +349,32 @@ class Profiler:
         return {"rows": rows, "method": "as backbone, requests spread round-robin over the adapters"}
 
     def load(self, base_url: str, by_rank: dict[int, list[str]]) -> dict:
-        """TTFT of alternating vs repeated adapters with one GPU slot, per adapter rank."""
+        """TTFT of single requests cycling over one adapter more than the engine has GPU slots (each one
+        evicts the least recently used and loads its own) against requests repeating one adapter, per
+        adapter rank; ``by_rank`` gives A_max + 1 adapters of each rank."""
         rows = []
-        for rank, (x, y) in by_rank.items():
-            for pattern, seq in (("same", [x, x] * 10), ("alternate", [x, y] * 10)):
+        for rank, names in by_rank.items():
+            cycle = len(names)
+            for pattern, seq in (("same", names[:1] * 20), ("alternate", (names * (1 + 20 // cycle))[:cycle + 18])):
                 ttft = []
                 for name in seq:
                     rec = run_trace(base_url, [(name, 16, 2)], [0.0], self.shape.vocab_size)
                     ttft.append(float((rec.first_token_s[0] - rec.sent_s[0]) * 1000.0))
-                rows.append({"adapter_rank": rank, "pattern": pattern, "ttft_ms": ttft[2:]})
+                skip = 2 if pattern == "same" else cycle  # until every slot holds an adapter of the cycle
+                rows.append({"adapter_rank": rank, "pattern": pattern, "ttft_ms": ttft[skip:]})
         return {"rows": rows}
 
-    def sched(self, base_url: str, x: str, y: str) -> dict:
-        """ITL of 4 running requests of ``x`` while W requests of ``y`` wait behind max_loras=1."""
+    def sched(self, base_url: str, slots: list[str], y: str) -> dict:
+        """ITL of running requests that hold every GPU slot (one adapter of ``slots`` each, at least 4
+        requests) while W requests of ``y`` wait for a slot."""
         s, rows = self.spec, []
+        running_items = [(slots[i % len(slots)], 16, 64) for i in range(max(4, len(slots)))]
         for _ in range(max(1, s.repeats // 2)):
             for w in s.waiting_counts:
-                items = [(x, 16, 64)] * 4 + [(y, 16, 1)] * w
-                arrivals = [0.0] * 4 + [0.3] * w
+                items = running_items + [(y, 16, 1)] * w
+                arrivals = [0.0] * len(running_items) + [0.3] * w
                 rec = run_trace(base_url, items, arrivals, self.shape.vocab_size)
-                running = np.zeros(len(rec), bool)
-                running[rec.adapter == x] = True
+                running = np.asarray(rec.adapter != y)
                 rows.append({"waiting": w, "itl_ms": decode_itl_ms(rec, running)})
         return {"rows": rows}
 
@@ -313,6 +384,9 @@ class Profiler:
         self.raw.mkdir(parents=True, exist_ok=True)
         self.check_resumable()
         self.kv_point("kv-nolora", self.engine_config(1, s.latency_rank, {}, enable_lora=False))
+        if s.lean:
+            self.run_lean()
+            return {name: self._done(name) for name in self.experiment_names()}
         for r in s.lora_ranks:
             for a in s.a_max_points:
                 self.kv_point(f"kv-a{a}-r{r}", self.engine_config(a, r, self.adapters(r, 1)))
@@ -326,9 +400,26 @@ class Profiler:
             experiments = {f"load-r{r}": lambda url, pairs=pairs: self.load(url, pairs)}
             if r == s.latency_rank:
                 x, y = pairs[r]
-                experiments[f"sched-r{r}"] = lambda url, x=x, y=y: self.sched(url, x, y)
+                experiments[f"sched-r{r}"] = lambda url, x=x, y=y: self.sched(url, [x], y)
             self._with_engine(f"slot1-r{r}", self.engine_config(1, r, adapters), experiments)
         return {name: self._done(name) for name in self.experiment_names()}
+
+    def run_lean(self) -> None:
+        """Every LoRA experiment on one engine (``latency_a_max`` slots of the largest rank R): its KV size
+        (``kv-lean``; the rest of the grid follows from the slots' bytes, see :func:`lean_kv_tokens`), the
+        latency experiments, loads by cycling A_max + 1 adapters of each rank (taken for every
+        max_lora_rank: the study's table has a larger slot rank costing 0–1.5 ms more per load, so this
+        errs slow) and the scheduler's cost of requests waiting for a slot."""
+        s = self.spec
+        a, top = s.latency_a_max, s.latency_rank
+        lat_names = list(self.adapters(top, max(s.adapter_counts)))
+        cycles = {r: self.adapters(r, a + 1) for r in s.lora_ranks}
+        adapters = {n: p for c in cycles.values() for n, p in c.items()}
+        names = {r: list(c) for r, c in cycles.items()}
+        self._with_engine("lean", self.engine_config(a, top, adapters), {
+            "backbone": self.backbone, "kv-lean": self.kv_size, "prefill": self.prefill,
+            "lora": lambda url: self.lora(url, lat_names), "load-lean": lambda url: self.load(url, names),
+            f"sched-r{top}": lambda url: self.sched(url, names[top][:a], names[top][a])})
 
 
 def _start_fields(started: StartResult) -> dict:
@@ -349,6 +440,27 @@ def _ols(columns: list[np.ndarray], y: np.ndarray) -> np.ndarray:
     x = np.column_stack(columns)
     coef, *_ = np.linalg.lstsq(x, y, rcond=None)
     return coef
+
+
+def _kv_grid(spec: ProfileSpec, raw: dict[str, dict]) -> tuple[dict, dict, int]:
+    """(tokens by rank over the A_max points, start-up failures by rank, block size) from the KV experiments:
+    measured at every point, or, lean, derived from the one LoRA engine's (:func:`lean_kv_tokens`)."""
+    if spec.lean:
+        lean = raw["kv-lean"]
+        tokens = lean_kv_tokens(model_shape(spec.model_dir), spec, lean["kv_tokens"], lean["block_size"])
+        failures = {r: "KV below one max_model_len sequence (derived from slot bytes) at A_max "
+                       + ", ".join(str(a) for a, t in zip(spec.a_max_points, cells) if t is None)
+                    for r, cells in tokens.items() if None in cells}
+        return tokens, failures, lean["block_size"]
+    kv_rows = {name: raw[name] for name in raw if name.startswith("kv-a")}
+    tokens, failures = {}, {}
+    for r in spec.lora_ranks:
+        cells = [kv_rows[f"kv-a{a}-r{r}"] for a in spec.a_max_points]
+        tokens[str(r)] = [c.get("kv_tokens") if c["status"] == "ok" else None for c in cells]
+        failed = [f"A_max {c['a_max']}: {c['status']}: {c['message']}" for c in cells if c["status"] != "ok"]
+        if failed:
+            failures[str(r)] = "; ".join(failed)
+    return tokens, failures, next(c["block_size"] for c in kv_rows.values() if c["status"] == "ok")
 
 
 def fit_profile(spec: ProfileSpec, raw: dict[str, dict], provenance: dict, description: str = "") -> dict:
@@ -373,22 +485,12 @@ def fit_profile(spec: ProfileSpec, raw: dict[str, dict], provenance: dict, descr
     resid = np.array([r["step_ms"] for r in lr]) - (costs["k5_ms"] + costs["k4_ms_per_request"] * lb)
     l0, l1, l2 = _ols([np.ones_like(lb), lb, la], resid)
 
-    kv_rows = {name: raw[name] for name in raw if name.startswith("kv-a")}
-    tokens: dict[str, list[int | None]] = {}
-    failures: dict[str, str] = {}
-    for r in spec.lora_ranks:
-        cells = [kv_rows[f"kv-a{a}-r{r}"] for a in spec.a_max_points]
-        tokens[str(r)] = [c.get("kv_tokens") if c["status"] == "ok" else None for c in cells]
-        failed = [f"A_max {c['a_max']}: {c['status']}: {c['message']}" for c in cells if c["status"] != "ok"]
-        if failed:
-            failures[str(r)] = "; ".join(failed)
-    block_size = next(c["block_size"] for c in kv_rows.values() if c["status"] == "ok")
-
+    tokens, failures, block_size = _kv_grid(spec, raw)
     load: dict[str, dict[str, float]] = {}
     for r in spec.lora_ranks:
         by_adapter: dict[str, float] = {}
-        rows = raw[f"load-r{r}"]["rows"]
-        for ar in sorted({row["adapter_rank"] for row in rows}):
+        rows = raw["load-lean" if spec.lean else f"load-r{r}"]["rows"]
+        for ar in sorted({row["adapter_rank"] for row in rows if row["adapter_rank"] <= r}):
             med = {row["pattern"]: float(np.median(row["ttft_ms"])) for row in rows if row["adapter_rank"] == ar}
             # Clipped at 1 µs: a swap cheaper than the TTFT noise is still a (tiny) positive cost.
             by_adapter[str(ar)] = max(1e-3, med["alternate"] - med["same"])
@@ -422,7 +524,10 @@ def fit_profile(spec: ProfileSpec, raw: dict[str, dict], provenance: dict, descr
                       "k1 is inside k4 (the backbone ITL includes the scheduler's per-running-request cost)",
         },
         "adapter_load_ms": {"by_max_lora_rank": load,
-                            "source": "median TTFT of alternating minus repeated adapters with --max-loras 1"},
+                            "source": ("median TTFT of requests cycling over A_max+1 adapters minus repeated ones, on "
+                                       f"the lean engine (max_lora_rank {spec.latency_rank}), for every max_lora_rank"
+                                       if spec.lean else
+                                       "median TTFT of alternating minus repeated adapters with --max-loras 1")},
         "defaults": {"input_tokens": spec.default_input_tokens, "output_tokens": spec.default_output_tokens},
         "provenance": {**provenance, **({"fit_warnings": warnings} if warnings else {})},
     }
@@ -444,7 +549,8 @@ CALIBRATION_SEED = 7
 
 
 def calibrate_fitted(profile: dict, spec: ProfileSpec, work_dir: Path, cases: int, duration_s: float,
-                     warmup_s: float, python: str | None, progress: Progress | None) -> dict:
+                     warmup_s: float, python: str | None, progress: Progress | None,
+                     deadline: float | None = None) -> dict:
     """Run ``cases`` calibration workloads and fit the step latency to them (see calibration.py)."""
     from serving_harness.calibration import calibrated_profile, recorded_run
     from serving_harness.validation import Validator
@@ -452,7 +558,7 @@ def calibrate_fitted(profile: dict, spec: ProfileSpec, work_dir: Path, cases: in
     micro = profile_from_dict(profile, where=f"fitted profile {spec.profile_id}")
     report = (lambda done, total, label: progress.step(f"calibration {label}")) if progress else None
     validator = Validator(micro, spec.model_dir, work_dir / "calibration", duration_s, warmup_s, python,
-                          **({"report_progress": report} if report else {}), probe=False)
+                          **({"report_progress": report} if report else {}), probe=False, deadline=deadline)
     workloads = validator.workload_set(cases, CALIBRATION_SEED)
     runs = [recorded_run(validator.work_dir, row, duration_s, warmup_s) for row in validator.run(workloads)]
     return calibrated_profile(profile, runs, duration_s, warmup_s,
@@ -469,9 +575,10 @@ KV_NOTES = {
 
 def profile_engine(spec: ProfileSpec, work_dir: str | os.PathLike, out: str | os.PathLike, command: str,
                    python: str | None = None, progress: Progress | None = None, calibration_cases: int = 10,
-                   duration_s: float = 30.0, warmup_s: float = 5.0) -> dict:
-    """Run (or resume) the experiments, fit, calibrate, and write the profile JSON to ``out``."""
-    profiler = Profiler(spec, work_dir, python, progress)
+                   duration_s: float = 30.0, warmup_s: float = 5.0, deadline: float | None = None) -> dict:
+    """Run (or resume) the experiments, fit, calibrate, and write the profile JSON to ``out``; stop
+    (OutOfTimeError) before a step that would not finish by ``deadline`` (epoch seconds)."""
+    profiler = Profiler(spec, work_dir, python, progress, deadline)
     raw = profiler.run()
     version = vllm_version(python)
     provenance = {
@@ -485,6 +592,6 @@ def profile_engine(spec: ProfileSpec, work_dir: str | os.PathLike, out: str | os
     profile = fit_profile(spec, raw, provenance, description)
     if calibration_cases:
         profile = calibrate_fitted(profile, spec, Path(work_dir), calibration_cases, duration_s, warmup_s, python,
-                                   progress)
+                                   progress, deadline)
     write_profile(out, profile)
     return profile

@@ -61,6 +61,13 @@ class ModelShape:
         """KV cache bytes one token takes in bf16 (K and V of every layer)."""
         return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * 2
 
+    def lora_slot_bytes(self, rank: int, dtype_bytes: int = 2) -> int:
+        """Bytes vLLM reserves for one ``--max-loras`` slot at ``--max-lora-rank`` ``rank``: A (r x in) and
+        B (out x r) of each projection of every layer, of the embedding (vocab -> hidden) and of the LM head
+        (hidden -> vocab), in bf16."""
+        per_layer = sum(sum(self.module_dims(m)) for m in (*ATTENTION_MODULES, *MLP_MODULES))
+        return dtype_bytes * rank * (self.num_hidden_layers * per_layer + 2 * (self.vocab_size + self.hidden_size))
+
     def module_dims(self, module: str) -> tuple[int, int]:
         """(in_features, out_features) of one linear module of a decoder layer."""
         h, i = self.hidden_size, self.intermediate_size

@@ -35,6 +35,7 @@ from serving_harness.calibration import (
     twin_result,
 )
 from serving_harness.engine import Engine, EngineConfig
+from serving_harness.lease import Lease
 from serving_harness.loadgen import measure, run_load, summarise
 from serving_harness.metrics import wait_idle
 from serving_harness.speed_probe import real_probe_itl_ms, speed_vs_profile
@@ -47,6 +48,8 @@ from twin.simulate import SimConfig, simulate
 from twin.workload import Adapter, LengthModel, Workload, draw_requests
 
 POOL_PER_RANK = 12
+#: Seconds a validation workload takes beyond its duration (speed probes, waiting for the engine to idle).
+CASE_OVERHEAD_S = 30.0
 
 
 def engine_groups(ranks: tuple[int, ...]) -> list[tuple[int, int]]:
@@ -82,13 +85,14 @@ def saturation_tok_s(profile: Profile, a_max: int, rank: int, n_adapters: int, i
     return res.total_throughput_tok_s
 
 
-def validation_cases(profile: Profile, n: int, seed: int = 2024) -> list[ValidationCase]:
-    """``n`` cases over the engine groups, load factors spread over [0.3, 1.8]."""
+def validation_cases(profile: Profile, n: int, seed: int = 2024, engines: int = 0) -> list[ValidationCase]:
+    """``n`` cases over the engine groups (the first ``engines`` of them; 0: all), load factors spread over
+    [0.3, 1.8]."""
     rng = np.random.default_rng(seed)
     cases = []
     loads = rng.permutation(np.linspace(0.3, 1.8, n))
     ranks = sorted(profile.kv.lora_ranks)
-    groups = engine_groups(profile.kv.lora_ranks)
+    groups = engine_groups(profile.kv.lora_ranks)[:engines or None]
     for i in range(n):
         a_max, max_rank = groups[i % len(groups)]
         n_ad = int(rng.choice([2, 3, 4, 6, 8, 12]))
@@ -123,6 +127,8 @@ class Validator:
     report_progress: Callable[[int, int, str], None] = lambda done, total, label: None
     gpu: int | None = None  # CUDA device index; None: the one a CUDA profile was measured on
     probe: bool = True  # speed probes around each case (calibration runs go without)
+    deadline: float | None = None  # epoch seconds: stop (OutOfTimeError) before an engine or case that would not finish
+    engines: int = 0  # spread the cases over the first this many engine groups (0: all of engine_groups)
 
     def _adapter_pool(self, max_rank: int) -> dict[str, str]:
         shape = model_shape(self.model_dir)
@@ -153,13 +159,15 @@ class Validator:
         path = self.work_dir / "workloads.json"
         if path.is_file():
             saved = stored_workloads(self.work_dir)
-            if (saved["count"], saved["seed"]) != (n, seed):
+            if (saved["count"], saved["seed"], saved.get("engines", 0)) != (n, seed, self.engines):
                 raise BadInputError(f"{self.work_dir} holds runs of {saved['count']} workloads with seed "
-                                    f"{saved['seed']}; use another work dir for {n} with seed {seed}")
+                                    f"{saved['seed']} on {saved.get('engines') or 'all'} engine groups; use another "
+                                    f"work dir for {n} with seed {seed} on {self.engines or 'all'}")
             return [ValidationCase(**{**c, "adapters": tuple(Adapter(**a) for a in c["adapters"])})
                     for c in saved["cases"]]
-        cases = validation_cases(self.profile, n, seed)
-        write_json_atomic(path, {"count": n, "seed": seed, "cases": [asdict(c) for c in cases]})
+        cases = validation_cases(self.profile, n, seed, self.engines)
+        write_json_atomic(path, {"count": n, "seed": seed, **({"engines": self.engines} if self.engines else {}),
+                                 "cases": [asdict(c) for c in cases]})
         return cases
 
     def adopt_workloads(self, saved: dict, source_dir: str | os.PathLike) -> None:
@@ -179,18 +187,23 @@ class Validator:
         for c in cases:
             groups.setdefault((c.a_max, c.max_lora_rank), []).append(c)
         done = sum(self._case_path(c).is_file() for c in cases)
+        lease = Lease(self.work_dir, self.profile.provenance.get("spec", {}).get("device", "cpu"), self.deadline)
+        case_s = self.duration_s + CASE_OVERHEAD_S
         for (a_max, rank), group in groups.items():
             todo = [c for c in group if not self._case_path(c).is_file()]
             if not todo:
                 continue
             kwargs = {"python": self.python} if self.python else {}
-            log = self.work_dir / "logs" / f"engine-a{a_max}-r{rank}.log"
-            with Engine(self.engine_config(a_max, rank), log, **kwargs) as engine:
+            name = f"engine-a{a_max}-r{rank}"
+            with Engine(self.engine_config(a_max, rank), self.work_dir / "logs" / f"{name}.log", **kwargs) as engine:
+                lease.need(lease.start_estimate_s() + case_s, f"starting validation {name}")
                 started = engine.start()
+                lease.record_start(name, started.startup_s, started.status)
                 if not started.ok:
                     raise RuntimeError(f"validation engine A_max {a_max} rank {rank} did not start: {started.message}")
                 self._warm_up(engine.base_url, todo[0])
                 for case in todo:
+                    lease.need(case_s, f"workload {case.case_id}")
                     write_json_atomic(self._case_path(case), self.run_case(engine.base_url, case))
                     done += 1
                     self.report_progress(done, len(cases), case.case_id)

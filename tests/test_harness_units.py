@@ -6,6 +6,7 @@ import asyncio
 import json
 import math
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -424,3 +425,24 @@ def test_calibrate_a_profile_measured_without_calibration_from_runs_made_later(t
     assert fit["loss_after"] < fit["loss_before"] and "validation" not in after
     res = CliRunner().invoke(cli_harness.calibrate, ["--profile", str(copy)])  # refit to the same runs
     assert res.exit_code == 0 and json.loads(copy.read_text())["provenance"]["calibration"]["scales"] == fit["scales"]
+
+
+def test_a_lean_kv_grid_from_one_engine_matches_the_h100_grid():
+    """The KV grid a lean profile derives from its one LoRA engine (A_max 8, rank 32) against the grid
+    measured point by point on the H100 80GB (datasets/measured/h100-80gb-llama-3.1-8b/raw)."""
+    from serving_harness.profiling import ProfileSpec, lean_kv_tokens
+    from serving_harness.synth import SHAPES
+
+    raw = Path(__file__).resolve().parents[1] / "datasets/measured/h100-80gb-llama-3.1-8b/raw"
+    measured = {(a, r): json.loads((raw / f"kv-a{a}-r{r}.json").read_text())["kv_tokens"]
+                for a in (8, 128) for r in (16, 32)}
+    spec = ProfileSpec("h100", "unused", device="cuda", kv_cache_bytes=None, gpu_memory_utilization=0.9,
+                       max_model_len=8192, lora_ranks=(16, 32), a_max_points=(8, 128), latency_rank=32, lean=True)
+    grid = lean_kv_tokens(SHAPES["llama-3.1-8b"], spec, measured[(8, 32)], 16)
+    for r in (16, 32):
+        for a, tokens in zip((8, 128), grid[str(r)]):
+            assert tokens == pytest.approx(measured[(a, r)], rel=0.005), (a, r)
+    explicit = lean_kv_tokens(SHAPES["llama-3.1-8b"], replace(spec, kv_cache_bytes=1 << 30), 100_000, 16)
+    assert explicit == {"16": [100_000, 100_000], "32": [100_000, 100_000]}  # slots take nothing from it
+    tiny = lean_kv_tokens(SHAPES["llama-3.1-8b"], replace(spec, a_max_points=(8, 400)), measured[(8, 32)], 16)
+    assert tiny["32"][1] is None  # 400 slots leave no room for one max_model_len sequence: it cannot start

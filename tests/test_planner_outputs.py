@@ -136,7 +136,7 @@ def test_replan_merges_the_lightest_gpus_onto_fewer(tmp_path, profile):
     from planner.replan import ChurnBudget, _Judge, _Replan
     from planner.verdict import DEFAULT_BAR, DEFAULT_RUN
 
-    csv, p = plan_for(tmp_path, profile, [1.0] * 40)
+    _, p = plan_for(tmp_path, profile, [1.0] * 40)
     req = capacity_request(workload([1.0 / 3] * 40), profile)
     work = _Replan(p, req, _Judge(req, DEFAULT_RUN, DEFAULT_BAR, False), ChurnBudget(), True, None)
     before = {i: next(s.prev.instance_id for s in work.slots if i in s.shares) for i in range(40)}

@@ -29,3 +29,10 @@ class InfeasibleError(LoraPlannerError):
     """No configuration satisfies the constraints (e.g. not enough GPUs)."""
 
     exit_code = 3
+
+
+class OutOfTimeError(LoraPlannerError):
+    """A time budget (a GPU lease's ``--deadline``) would run out before the next step: the work done is
+    saved and the same command, rerun, resumes it."""
+
+    exit_code = 5

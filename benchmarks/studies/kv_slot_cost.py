@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.record import result_path, write_result
-from serving_harness.synth import ATTENTION_MODULES, MLP_MODULES, SHAPES, ModelShape
+from serving_harness.synth import SHAPES
 from twin import load_profile
 from twin.atomic import recorded_path
 from twin.profile import KVCapacity
@@ -32,13 +32,6 @@ GIB = 1024**3
 LOADED = re.compile(r"Model loading took ([0-9.]+) GiB")
 KV = re.compile(r"GPU KV cache size: ([0-9,]+) tokens")
 POINT = re.compile(r"kv-a(\d+)-r(\d+)")
-
-
-def slot_bytes(shape: ModelShape, rank: int, dtype_bytes: int = 2) -> int:
-    """Bytes of one LoRA slot of ``rank``: A (r x in) and B (out x r) of each projection of every layer,
-    of the embedding (vocab -> hidden) and of the LM head (hidden -> vocab)."""
-    per_layer = sum(sum(shape.module_dims(m)) for m in (*ATTENTION_MODULES, *MLP_MODULES))
-    return dtype_bytes * rank * (shape.num_hidden_layers * per_layer + 2 * (shape.vocab_size + shape.hidden_size))
 
 
 def slope(points: list[tuple[int, float]]) -> float:
@@ -91,7 +84,7 @@ def main() -> None:
             continue
         loaded_mib = -slope([(a, v["loaded_gib"]) for a, v in pts]) * GIB / 2**20
         kv_tokens = slope([(a, v["kv_tokens"]) for a, v in pts])
-        expected = slot_bytes(shape, rank)
+        expected = shape.lora_slot_bytes(rank)
         study = study_slope(study_kv, rank, pts[0][0], pts[-1][0])
         ranks[str(rank)] = {
             "a_max": [pts[0][0], pts[-1][0]],

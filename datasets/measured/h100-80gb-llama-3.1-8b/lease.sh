@@ -8,13 +8,15 @@
 #   bash lease.sh copy DIR          there: copy DIR/part.* (the carried parts) to /tmp/parts
 #   bash lease.sh start DIR         there: copy, join and check the parts (DIR/site.sha), unpack vLLM to
 #                                   /tmp/site, start `job` in its own session
-#   bash lease.sh job               there (started by `start`): profile, then validate, under /tmp/gpuwork
+#   bash lease.sh job               there (started by `start`): a lean profile, then its validation, under
+#                                   /tmp/gpuwork, both stopping (exit 5) before a step past the deadline
 #   bash lease.sh wait SECONDS      there: wait for the job (or SECONDS), print its progress and the
 #                                   engines' key log lines, pack /tmp/gpuwork (no adapters) into $OUT
 #
-# job settings: RESUME_KV (default 1) copies this folder's raw/kv-*.json into the fresh work dir (the KV grid does
-# not depend on the latency settings); CASES (default 5) validation workloads; CALIBRATION (default 0)
-# calibration cases of `planner profile`.
+# job settings: BUDGET_S (default 600) seconds from the job's start to its deadline; RESUME_KV (default 1)
+# copies this folder's raw/kv-nolora.json into a fresh work dir (the same engine without LoRA: one start fewer);
+# CASES (default 10) validation workloads on ENGINES (default 2) engines; CALIBRATION (default 0) calibration
+# cases of `planner profile`. A second lease resumes: carry back the last gpuwork.tar.xz, unpack it to /tmp/gpuwork.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../../.." && pwd)
@@ -45,18 +47,25 @@ start)
 job)
   cd "$repo"
   export PYTHONPATH=/tmp/site:$repo PYTHONUNBUFFERED=1
+  deadline=$(( $(date +%s) + ${BUDGET_S:-600} ))
   mkdir -p $W/profile/raw
-  [ "${RESUME_KV:-1}" = 1 ] && cp "$here"/raw/kv-*.json $W/profile/raw/
+  [ "${RESUME_KV:-1}" = 1 ] && [ ! -e $W/profile/spec.json ] && cp "$here"/raw/kv-nolora.json $W/profile/raw/
   date; nvidia-smi -L
-  python3 -m planner.cli synth --out /tmp/l8 --shape llama-3.1-8b --config-only --adapters-per-rank 0
-  python3 -m planner.cli profile --engine cuda --gpu 0 --model /tmp/l8/model --load-format dummy \
-    --gpu-memory-utilization 0.9 --ranks 16,32 --a-max-points 8,128 --max-num-batched-tokens 2048 \
-    --max-num-seqs 512 --max-model-len 8192 --calibration-cases "${CALIBRATION:-0}" \
+  [ -f /tmp/l8/model/config.json ] || python3 -m planner.cli synth --out /tmp/l8 --shape llama-3.1-8b --config-only \
+    --adapters-per-rank 0
+  python3 -m planner.cli profile --engine cuda --gpu 0 --model /tmp/l8/model --load-format dummy --lean \
+    --gpu-memory-utilization 0.9 --ranks 16,32 --a-max-points 8,32,64,128,192,256 --max-num-batched-tokens 2048 \
+    --max-num-seqs 512 --max-model-len 8192 --calibration-cases "${CALIBRATION:-0}" --deadline $deadline \
     --id h100-80gb-llama-3.1-8b --out $W/h100-80gb-llama-3.1-8b.json --work-dir $W/profile
-  echo "PROFILE_RC=$?"; date
-  python3 -m planner.cli validate --profile $W/h100-80gb-llama-3.1-8b.json --cases "${CASES:-5}" \
-    --work-dir $W/validation --out-dir $W/validation-out
-  echo "VALIDATE_RC=$?"; date ;;
+  rc=$?; echo "PROFILE_RC=$rc"; date
+  if [ $rc = 0 ]; then
+    python3 -m planner.cli validate --profile $W/h100-80gb-llama-3.1-8b.json --cases "${CASES:-10}" \
+      --engines "${ENGINES:-2}" --deadline $deadline --work-dir $W/validation --out-dir $W/validation-out
+    echo "VALIDATE_RC=$?"
+  else
+    echo "VALIDATE_RC=not run (the profile is not finished: exit 5 means rerun in the next lease)"
+  fi
+  date ;;
 wait)
   end=$((SECONDS + $2))
   while [ $SECONDS -lt $end ] && ! grep -q VALIDATE_RC $W/job.log 2>/dev/null; do sleep 5; done
