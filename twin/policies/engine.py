@@ -36,19 +36,30 @@ profile's step latency and scheduler overhead) and changes what those systems ch
   turn's KV stays in the pool for the next turn, which computes only its new tokens; idle history
   is evicted like an idle adapter (to host memory with ``host_kv``, and, under ``dependency``,
   before its adapter).
+
+Structure. The loop's state is a few records, named tuples of arrays that numba compiles as structs
+(a scalar the phases change is a 1-element array, since a named tuple's fields are fixed):
+:class:`Server` (fixed settings), :class:`RequestState`, :class:`Adapters` (the adapter cache),
+:class:`Pool` (the block pool and the host link), :class:`Queues`, :class:`Loop` (running list,
+counters, one step's scratch), :class:`Outputs` and the history KV (``history.History``).
+:func:`simulate_policy_core` is the sequence of phase functions over them, one step per turn. It
+turns each named tuple into a record (``twin.policies.records``: one uncounted pointer, so a phase
+call does not touch the reference count of every array) and frees them at the end.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numba as nb
 import numpy as np
 
+from twin import core
 from twin.core import (
     EV_PREEMPTED,
     apply_step_output,
     batch_shape,
     drop_finished,
-    request_state,
     scheduler_ms,
     step_buffers,
     step_ms,
@@ -56,6 +67,7 @@ from twin.core import (
     trace_scheduled,
 )
 from twin.policies import history as hx
+from twin.policies.records import free_records, new_record
 from twin.policies.rules import (
     CACHE_DISCARD,
     CACHE_ELORA,
@@ -82,9 +94,8 @@ SCHED_FIFO, SCHED_MLQ = 0, 1
 COLD_INLINE, COLD_ASYNC, COLD_CPU = 0, 1, 2
 AD_HOST, AD_LOADING, AD_GPU = 0, 1, 2
 
-# Indices into the integer parameter vector.
-I_CACHE, I_SCHED, I_COLD, I_PREFETCH, I_QUEUES, I_PRELOAD, I_BYPASS = 0, 1, 2, 3, 4, 5, 6
-N_INT_PARAMS = 7
+# What one waiting request does to the scan of its queue (:func:`_try_admit`).
+SCAN_NEXT, SCAN_STOP, SCAN_ADMITTED, SCAN_BYPASS = 0, 1, 2, 3
 
 # Policy statistics returned next to the counters.
 (S_HITS, S_MISSES, S_EVICTIONS, S_STALL_S, S_CPU_STEPS, S_PEAK_RESIDENT, S_SWAP_INS, S_REFRESHES, S_LOADS,
@@ -93,694 +104,951 @@ N_INT_PARAMS = 7
 N_STATS = 18
 
 
-@nb.njit(cache=True)
-def _settle(a, now, ad_state, ad_ready):
-    if ad_state[a] == AD_LOADING and ad_ready[a] <= now:
-        ad_state[a] = AD_GPU
+class Server(NamedTuple):
+    """The server's fixed settings: its engine, the policy, what to record."""
+
+    duration: float
+    a_max: int  # most distinct adapters in one batch (vLLM's max_loras)
+    pool_blocks: int
+    block_size: int
+    max_batched: int
+    max_num_seqs: int
+    full_prompt_admission: bool
+    lat: np.ndarray  # step latency terms (twin.core.step_ms)
+    sched: np.ndarray  # scheduler overhead terms (twin.core.scheduler_ms)
+    cache: int  # rules.CACHE_*
+    scheduler: int  # SCHED_*
+    cold_start: int  # COLD_*
+    prefetch: bool
+    queues: int  # Chameleon's queues (MLQ)
+    preload_all: bool
+    bypass: bool
+    fp: np.ndarray  # the policy's constants (rules.P_*)
+    max_in_flight: int  # client-side cap on requests in flight (0 = none)
+    ts_dt: float  # time-series sampling period, s (0 = off)
+    trace_cap: int  # capacity of the event trace (0 = off)
+
+
+class RequestState(NamedTuple):
+    """Per request, sorted by arrival: its inputs, then the loop's state (``twin.core.request_state``)."""
+
+    arrival: np.ndarray
+    adapter: np.ndarray
+    in_len: np.ndarray
+    out_pred: np.ndarray  # predicted output tokens (Chameleon's scheduler)
+    conv: np.ndarray  # conversation (-1: a single-turn request)
+    history_len: np.ndarray  # tokens of its conversation before this turn
+    state: np.ndarray
+    computed: np.ndarray
+    ntok: np.ndarray
+    blocks: np.ndarray
+    first_tok: np.ndarray
+    finish: np.ndarray
+    last_tok: np.ndarray
+    done_at: np.ndarray
+    admit_t: np.ndarray  # first admission (-1: not yet)
+
+
+class Adapters(NamedTuple):
+    """The adapter cache, per adapter: its inputs, then where it is and how it is used."""
+
+    tokens: np.ndarray  # pool tokens of its weights
+    blocks: np.ndarray  # pool blocks of its weights
+    load_ms: np.ndarray  # host-to-GPU copy time
+    cpu_ms_per_token: np.ndarray  # its LoRA on CPU cores (Toppings)
+    state: np.ndarray  # AD_HOST, AD_LOADING or AD_GPU
+    ready: np.ndarray  # when its copy lands
+    rc: np.ndarray  # running requests
+    qc: np.ndarray  # waiting requests
+    freq: np.ndarray  # decayed use count (rules.decayed) ...
+    freq_t: np.ndarray  # ... and its stamp
+    last_used: np.ndarray
+    bs_avg: np.ndarray  # [0]: recent batch size (ELORA's Low_lora, eq. 3)
+
+
+class Pool(NamedTuple):
+    """The one pool of KV blocks that also holds the adapters, and the host link (1-element arrays)."""
+
+    free: np.ndarray  # free blocks
+    resident: np.ndarray  # adapters on (or coming to) the GPU
+    history: np.ndarray  # blocks held by idle GPU history
+    link: np.ndarray  # when the PCIe channel is free (copies queue on it FIFO)
+
+
+class Queues(NamedTuple):
+    """The waiting queues (vLLM's one, or Chameleon's) as linked lists of requests, and Chameleon's
+    quotas, queue cut-offs and bypass."""
+
+    head: np.ndarray  # per queue
+    tail: np.ndarray
+    nxt: np.ndarray  # per request: the next one in its queue (-1: none)
+    prv: np.ndarray
+    req_q: np.ndarray  # per request: its queue
+    wrs: np.ndarray  # per request: its WRS (what decides its queue)
+    need_res: np.ndarray  # per request: tokens it holds of its queue's quota (MLQ)
+    borrow: np.ndarray  # per request: tokens it borrowed in phase 2 instead
+    bypass_of: np.ndarray  # per request: the blocked head it bypassed (-1: none)
+    blocked: np.ndarray  # per queue: its head waiting for adapter memory, bypassed (-1: none)
+    bounds: np.ndarray  # WRS cut-offs between the queues
+    quota: np.ndarray  # per queue: its tokens ...
+    used: np.ndarray  # ... and those its requests hold
+    borrowed: np.ndarray  # [0]: tokens held by borrowers
+    max_in_seen: np.ndarray  # [0]: longest prompt so far (WRS scale)
+    max_out_seen: np.ndarray  # [0]: longest predicted output so far
+    max_ad_tokens: float  # largest adapter (WRS scale)
+    next_refresh: np.ndarray  # [0]: time of the next re-forming of the queues
+    win_lo: np.ndarray  # [0]: first request of the refresh window
+
+
+class Loop(NamedTuple):
+    """The running list, the loop's counters (1-element arrays) and one step's scratch."""
+
+    running: np.ndarray  # running requests in admission order (the first nrun[0])
+    nrun: np.ndarray
+    n_waiting: np.ndarray
+    n_distinct: np.ndarray  # distinct adapters of the running requests
+    next_arr: np.ndarray  # the next request to arrive
+    rejected: np.ndarray
+    preemptions: np.ndarray
+    busy_s: np.ndarray
+    step_avg_s: np.ndarray  # recent step time (the bypass's predictions)
+    next_swap: np.ndarray  # when ELORA's swapper runs next
+    sched_req: np.ndarray  # the step's scheduled requests ...
+    sched_tok: np.ndarray  # ... their tokens ...
+    nsched: np.ndarray  # ... and their number
+    budget: np.ndarray  # tokens left in the step
+    inline_ms: np.ndarray  # inline adapter loads the step waits for
+    batch_ads: np.ndarray  # the batch's distinct adapters (twin.core.batch_shape)
+    batch_stamp: np.ndarray
+    ad_prompt_tok: np.ndarray  # per adapter: the step's tokens (CPU-assisted LoRA)
+    done_j: np.ndarray  # positions of the step's finished requests
+
+
+class Outputs(NamedTuple):
+    """What the run records: ITL histogram, time series, event trace and policy statistics."""
+
+    itl_hist: np.ndarray
+    ts: np.ndarray
+    ts_i: np.ndarray  # [0]: samples taken
+    next_ts: np.ndarray  # [0]: time of the next sample
+    trace: np.ndarray
+    tr_i: np.ndarray  # [0]: events recorded
+    stats: np.ndarray  # S_*
+
+
+def new_requests(arrival, adapter, in_len, out_len, out_pred, conv, history_len) -> RequestState:
+    """The requests (sorted by arrival) before the run: none arrived."""
+    return RequestState(arrival, adapter, in_len, out_pred, conv, history_len, *core.request_state(in_len, out_len),
+                        np.full(arrival.shape[0], -1.0))
+
+
+def new_adapters(tokens, blocks, load_ms, cpu_ms_per_token) -> Adapters:
+    """The adapters before the run: all in host memory, unused."""
+    na = tokens.shape[0]
+    return Adapters(tokens, blocks, load_ms, cpu_ms_per_token, np.zeros(na, np.int8), np.zeros(na),
+                    np.zeros(na, np.int64), np.zeros(na, np.int64), np.zeros(na), np.zeros(na), np.zeros(na),
+                    np.ones(1))
 
 
 @nb.njit(cache=True)
-def _reclaimable(protect, now, ad_state, ad_ready, rc, ad_blocks, mem, hist):
+def _settle(a, now, ads):
+    if ads.state[a] == AD_LOADING and ads.ready[a] <= now:
+        ads.state[a] = AD_GPU
+
+
+@nb.njit(cache=True)
+def _reclaimable(protect, now, ads, pool, hist):
     """Free blocks plus those of all idle history and of every idle adapter but ``protect`` (what
     evicting them all gives; under the dependency rule not adapters whose history is still coming in)."""
-    free = mem[0] + mem[2]
-    depend = hist[4][hx.HC_DEPEND]
-    for a in range(ad_state.shape[0]):
-        _settle(a, now, ad_state, ad_ready)
-        if ad_state[a] == AD_GPU and rc[a] == 0 and a != protect and not (depend and hist[2][a, hx.AH_LOADING]):
-            free += ad_blocks[a]
+    free = pool.free[0] + pool.history[0]
+    for a in range(ads.state.shape[0]):
+        _settle(a, now, ads)
+        if ads.state[a] == AD_GPU and ads.rc[a] == 0 and a != protect and not (hist.depend and hist.ad_loading[a]):
+            free += ads.blocks[a]
     return free
 
 
 @nb.njit(cache=True)
-def _make_room(need, protect, now, mode, ad_state, ad_ready, rc, qc, freq, freq_t, last_used, ad_tokens,
-               ad_blocks, load_ms, fp, mem, stats, hist, partial=False):
-    """Evict idle adapters and idle history (``twin.policies.history``) until ``need`` blocks are
-    free (``mem[0]``); idle = on the GPU with no running request; what no unfinished request wants
-    goes first, then the rest (then anything, for adapters the dependency rule held back). False if it
-    cannot; then nothing is evicted, unless ``partial`` (KV for running requests: every block spared
-    is a smaller preemption)."""
-    na = ad_state.shape[0]
-    if not partial and mem[0] < need and _reclaimable(protect, now, ad_state, ad_ready, rc, ad_blocks, mem,
-                                                      hist) < need:
-        return False
-    depend = hist[4][hx.HC_DEPEND]
-    ad_h = hist[2]
-    ftot, low = 0.0, 0.0  # ELORA's terms for weighing history against adapters (fixed during one call)
-    if mode == CACHE_ELORA and hist[4][hx.HC_ON]:
-        for a in range(na):
-            ftot += decayed(freq[a], freq_t[a], now, fp[P_FREQ_WINDOW_S])
-        low = low_lora(freq, freq_t, now, fp[P_BATCH_WINDOW_S], hist[5][hx.HP_BS_AVG])
-    cand = np.zeros(na, np.bool_)
-    for tier in range(3):
-        while mem[0] < need:
-            n_c = 0
-            for a in range(na):
-                _settle(a, now, ad_state, ad_ready)
-                cand[a] = (ad_state[a] == AD_GPU and rc[a] == 0 and a != protect and ad_blocks[a] > 0
-                           and (tier == 2 or (qc[a] > 0) == (tier == 1))
-                           and not (depend and ad_h[a, hx.AH_ENTRIES] > 0))
-                n_c += cand[a]
-            v, v_score = -1, np.inf
-            if n_c > 0:
-                score = eviction_scores(mode, now, cand, freq, freq_t, last_used, ad_tokens, load_ms, fp)
-                v = int(np.argmin(score))
-                v_score = score[v]
-            c, c_score = -1, np.inf
-            if mem[2] > 0:
-                # Eq. 4 (Choice, the notes' ambiguity b): a LoRA's keep-value grows as evicting it
-                # would leave fewer than Low_lora LoRAs; history leaves keep theirs.
-                if mode == CACHE_ELORA and v >= 0 and mem[1] - 1 < low:
-                    v_score *= min(1e6, low / max(mem[1] - 1, 1e-6))
-                c, c_score = hx.best_victim(tier, now, mode == CACHE_ELORA, hist, mem, fp, ftot)
-            if v < 0 and c < 0:
-                break
-            if c >= 0 and (v < 0 or mode != CACHE_ELORA and mode != CACHE_LRU or c_score <= v_score):
-                hx.evict(c, hist, mem)
-                stats[S_KV_EVICTIONS] += 1
-                continue
-            ad_state[v] = AD_HOST
-            mem[0] += ad_blocks[v]
-            mem[1] -= 1
-            stats[S_EVICTIONS] += 1
-    return mem[0] >= need
+def _lora_victim(tier, protect, now, srv, ads, hist, cand):
+    """The idle adapter to evict first in ``tier`` (as :func:`_make_room`'s) and its keep-value; -1 if none."""
+    n_c = 0
+    for a in range(ads.state.shape[0]):
+        _settle(a, now, ads)
+        cand[a] = (ads.state[a] == AD_GPU and ads.rc[a] == 0 and a != protect and ads.blocks[a] > 0
+                   and (tier == 2 or (ads.qc[a] > 0) == (tier == 1))
+                   and not (hist.depend and hist.ad_entries[a] > 0))
+        n_c += cand[a]
+    if n_c == 0:
+        return -1, np.inf
+    score = eviction_scores(srv.cache, now, cand, ads.freq, ads.freq_t, ads.last_used, ads.tokens, ads.load_ms,
+                            srv.fp)
+    v = int(np.argmin(score))
+    return v, score[v]
 
 
 @nb.njit(cache=True)
-def _start_load(a, now, mode, ad_state, ad_ready, rc, qc, freq, freq_t, last_used, ad_tokens, ad_blocks,
-                load_ms, fp, mem, stats, pcie, hist):
-    """Reserve ``a``'s blocks and queue its copy on the PCIe channel (``pcie[0]``: when it is free)."""
-    if not _make_room(ad_blocks[a], a, now, mode, ad_state, ad_ready, rc, qc, freq, freq_t, last_used, ad_tokens,
-                      ad_blocks, load_ms, fp, mem, stats, hist):
+def _make_room(need, protect, now, srv, ads, pool, hist, stats, partial=False):
+    """Evict idle adapters and idle history (``twin.policies.history``) until ``need`` blocks are
+    free (``pool.free``); idle = on the GPU with no running request; what no unfinished request wants
+    goes first, then the rest (then anything, for adapters the dependency rule held back). False if it
+    cannot; then nothing is evicted, unless ``partial`` (KV for running requests: every block spared
+    is a smaller preemption)."""
+    na = ads.state.shape[0]
+    if not partial and pool.free[0] < need and _reclaimable(protect, now, ads, pool, hist) < need:
         return False
-    mem[0] -= ad_blocks[a]
-    mem[1] += 1
-    stats[S_PEAK_RESIDENT] = max(stats[S_PEAK_RESIDENT], mem[1])
-    start = max(now, pcie[0])
-    ad_ready[a] = start + load_ms[a] / 1000.0
-    pcie[0] = ad_ready[a]
-    ad_state[a] = AD_LOADING
+    elora = srv.cache == CACHE_ELORA
+    ftot, low = 0.0, 0.0  # ELORA's terms for weighing history against adapters (fixed during one call)
+    if elora and hist.on:
+        for a in range(na):
+            ftot += decayed(ads.freq[a], ads.freq_t[a], now, srv.fp[P_FREQ_WINDOW_S])
+        low = low_lora(ads.freq, ads.freq_t, now, srv.fp[P_BATCH_WINDOW_S], ads.bs_avg[0])
+    cand = np.zeros(na, np.bool_)
+    for tier in range(3):
+        while pool.free[0] < need:
+            v, v_score = _lora_victim(tier, protect, now, srv, ads, hist, cand)
+            c, c_score = -1, np.inf
+            if pool.history[0] > 0:
+                # Eq. 4 (Choice, the notes' ambiguity b): a LoRA's keep-value grows as evicting it
+                # would leave fewer than Low_lora LoRAs; history leaves keep theirs.
+                if elora and v >= 0 and pool.resident[0] - 1 < low:
+                    v_score *= min(1e6, low / max(pool.resident[0] - 1, 1e-6))
+                c, c_score = hx.best_victim(tier, now, elora, hist, pool, srv.fp, ftot)
+            if v < 0 and c < 0:
+                break
+            if c >= 0 and (v < 0 or not elora and srv.cache != CACHE_LRU or c_score <= v_score):
+                hx.evict(c, hist, pool)
+                stats[S_KV_EVICTIONS] += 1
+                continue
+            ads.state[v] = AD_HOST
+            pool.free[0] += ads.blocks[v]
+            pool.resident[0] -= 1
+            stats[S_EVICTIONS] += 1
+    return pool.free[0] >= need
+
+
+@nb.njit(cache=True)
+def _reserve(a, ads, pool, stats):
+    """Take adapter ``a``'s blocks for a load (its copy is the caller's)."""
+    pool.free[0] -= ads.blocks[a]
+    pool.resident[0] += 1
+    stats[S_PEAK_RESIDENT] = max(stats[S_PEAK_RESIDENT], pool.resident[0])
     stats[S_LOADS] += 1
+
+
+@nb.njit(cache=True)
+def _start_load(a, now, srv, ads, pool, hist, stats):
+    """Reserve ``a``'s blocks and queue its copy on the PCIe channel."""
+    if not _make_room(ads.blocks[a], a, now, srv, ads, pool, hist, stats):
+        return False
+    _reserve(a, ads, pool, stats)
+    start = max(now, pool.link[0])
+    ads.ready[a] = start + ads.load_ms[a] / 1000.0
+    pool.link[0] = ads.ready[a]
+    ads.state[a] = AD_LOADING
     return True
 
 
 @nb.njit(cache=True)
-def _swap_in_history(c, a, now, mode, ad_state, ad_ready, rc, qc, freq, freq_t, last_used, ad_tokens, ad_blocks,
-                     load_ms, fp, mem, stats, pcie, hist):
+def _swap_in_history(c, a, now, srv, ads, pool, hist, stats):
     """Make room for host history ``c`` (sparing its adapter ``a``) and queue its copy back."""
-    if not _make_room(hist[0][c, hx.HI_BLOCKS], a, now, mode, ad_state, ad_ready, rc, qc, freq, freq_t, last_used,
-                      ad_tokens, ad_blocks, load_ms, fp, mem, stats, hist):
+    if not _make_room(hist.blocks[c], a, now, srv, ads, pool, hist, stats):
         return False
-    hx.start_swap_in(c, now, hist, mem, pcie)
+    hx.start_swap_in(c, now, hist, pool)
     stats[S_KV_SWAP_INS] += 1
     return True
 
 
 @nb.njit(cache=True)
-def _q_insert_after(r, after, q, q_tail, nxt, prv):
-    prv[r] = after
-    nxt[r] = nxt[after]
-    if nxt[after] >= 0:
-        prv[nxt[after]] = r
+def _q_insert_after(r, after, q, qs):
+    qs.prv[r] = after
+    qs.nxt[r] = qs.nxt[after]
+    if qs.nxt[after] >= 0:
+        qs.prv[qs.nxt[after]] = r
     else:
-        q_tail[q] = r
-    nxt[after] = r
+        qs.tail[q] = r
+    qs.nxt[after] = r
 
 
 @nb.njit(cache=True)
-def _q_push(r, q, front, q_head, q_tail, nxt, prv):
+def _q_push(r, q, front, qs):
     if front:
-        nxt[r] = q_head[q]
-        prv[r] = -1
-        if q_head[q] >= 0:
-            prv[q_head[q]] = r
+        qs.nxt[r] = qs.head[q]
+        qs.prv[r] = -1
+        if qs.head[q] >= 0:
+            qs.prv[qs.head[q]] = r
         else:
-            q_tail[q] = r
-        q_head[q] = r
-    elif q_tail[q] >= 0:
-        _q_insert_after(r, q_tail[q], q, q_tail, nxt, prv)
+            qs.tail[q] = r
+        qs.head[q] = r
+    elif qs.tail[q] >= 0:
+        _q_insert_after(r, qs.tail[q], q, qs)
     else:
-        prv[r] = -1
-        nxt[r] = -1
-        q_head[q] = r
-        q_tail[q] = r
+        qs.prv[r] = -1
+        qs.nxt[r] = -1
+        qs.head[q] = r
+        qs.tail[q] = r
+
+
+@nb.njit(cache=True)
+def _q_remove(r, q, qs):
+    if qs.prv[r] >= 0:
+        qs.nxt[qs.prv[r]] = qs.nxt[r]
+    else:
+        qs.head[q] = qs.nxt[r]
+    if qs.nxt[r] >= 0:
+        qs.prv[qs.nxt[r]] = qs.prv[r]
+    else:
+        qs.tail[q] = qs.prv[r]
+
+
+@nb.njit(cache=True)
+def _dequeue(r, q, a, ads, qs, lp):
+    """Waiting request ``r`` (of adapter ``a``) leaves queue ``q``: admitted or refused."""
+    lp.n_waiting[0] -= 1
+    ads.qc[a] -= 1
+    _q_remove(r, q, qs)
 
 
 @nb.njit(cache=True, inline="always")
-def _back_to_waiting(v, adapter, blocks, computed, state, qc, rc, borrow, used, req_q, need_res, bypass_of, mem):
-    """Free running request ``v``'s KV and mark it waiting to be recomputed (a preemption or a squash;
-    the caller queues it). Returns (the borrowed quota it gives back, 1 if its adapter has no running
-    request left). Without MLQ its quota terms are zero."""
-    a = adapter[v]
-    mem[0] += blocks[v]
-    blocks[v] = 0
-    computed[v] = 0
-    state[v] = WAITING
-    qc[a] += 1
-    gave = borrow[v]
-    if gave > 0:
-        borrow[v] = 0.0
+def _release_claims(r, qs):
+    """Give back what running request ``r`` held of its queue (MLQ; without it both terms are zero):
+    its quota tokens, or those it borrowed, and its bypass mark."""
+    if qs.borrow[r] > 0:
+        qs.borrowed[0] -= qs.borrow[r]
+        qs.borrow[r] = 0.0
     else:
-        used[req_q[v]] -= need_res[v]
-    bypass_of[v] = -1
-    rc[a] -= 1
-    return gave, 1 if rc[a] == 0 else 0
+        qs.used[qs.req_q[r]] -= qs.need_res[r]
+    qs.bypass_of[r] = -1
+
+
+@nb.njit(cache=True, inline="always")
+def _back_to_waiting(v, rq, ads, pool, qs, lp):
+    """Free running request ``v``'s KV and mark it waiting to be recomputed (a preemption or a squash;
+    the caller takes it off the running list and queues it)."""
+    a = rq.adapter[v]
+    pool.free[0] += rq.blocks[v]
+    rq.blocks[v] = 0
+    rq.computed[v] = 0
+    rq.state[v] = WAITING
+    ads.qc[a] += 1
+    _release_claims(v, qs)
+    ads.rc[a] -= 1
+    lp.n_waiting[0] += 1
+    if ads.rc[a] == 0:
+        lp.n_distinct[0] -= 1
 
 
 @nb.njit(cache=True)
-def _kv_check(r, computed, ntok, block_size, max_batched, full_prompt_admission):
+def _kv_check(r, srv, rq):
     """KV blocks waiting request ``r`` must find free to be admitted (the admission rule's check)."""
-    if full_prompt_admission:
-        return (ntok[r] + block_size - 1) // block_size
-    return (min(ntok[r] - computed[r], max_batched) + block_size - 1) // block_size
+    bs = srv.block_size
+    if srv.full_prompt_admission:
+        return (rq.ntok[r] + bs - 1) // bs
+    return (min(rq.ntok[r] - rq.computed[r], srv.max_batched) + bs - 1) // bs
 
 
 @nb.njit(cache=True)
-def _steps_left(r, computed, ntok, in_len, out_pred, max_batched):
+def _steps_left(r, srv, rq):
     """Steps request ``r`` still needs as the scheduler predicts them: its prompt's remaining chunks
     plus the predicted output tokens not yet generated (at least one)."""
-    prefill = max(0, in_len[r] - computed[r])
-    return -(-prefill // max_batched) + max(1, out_pred[r] - max(0, ntok[r] - in_len[r]))
+    prefill = max(0, rq.in_len[r] - rq.computed[r])
+    return -(-prefill // srv.max_batched) + max(1, rq.out_pred[r] - max(0, rq.ntok[r] - rq.in_len[r]))
 
 
 @nb.njit(cache=True)
-def _memory_wait_s(shortfall, running, nrun, blocks, computed, ntok, in_len, out_pred, max_batched, step_s):
+def _memory_wait_s(shortfall, srv, rq, lp):
     """Chameleon's prediction of how soon ``shortfall`` blocks free up: running requests finish in
     order of their predicted remaining steps (x the recent step time) and return their KV blocks
     (Choice: adapters they leave idle are not counted, so the wait is an upper bound); inf if they
     never free enough."""
     if shortfall <= 0:
         return 0.0
+    nrun = lp.nrun[0]
     left = np.empty(nrun, np.int64)
     for j in range(nrun):
-        left[j] = _steps_left(running[j], computed, ntok, in_len, out_pred, max_batched)
+        left[j] = _steps_left(lp.running[j], srv, rq)
     freed = 0
     for j in np.argsort(left, kind="mergesort"):
-        freed += blocks[running[j]]
+        freed += rq.blocks[lp.running[j]]
         if freed >= shortfall:
-            return left[j] * step_s
+            return left[j] * lp.step_avg_s[0]
     return np.inf
 
 
 @nb.njit(cache=True)
-def _q_remove(r, q, q_head, q_tail, nxt, prv):
-    if prv[r] >= 0:
-        nxt[prv[r]] = nxt[r]
-    else:
-        q_head[q] = nxt[r]
-    if nxt[r] >= 0:
-        prv[nxt[r]] = prv[r]
-    else:
-        q_tail[q] = prv[r]
+def _new_pool(srv, ads):
+    """The pool at start-up: empty, or holding every adapter that fits (``preload_all``)."""
+    pool = new_record(Pool(np.full(1, srv.pool_blocks, np.int64), np.zeros(1, np.int64), np.zeros(1, np.int64),
+                          np.zeros(1)))
+    if srv.preload_all:
+        for a in range(ads.state.shape[0]):
+            if pool.free[0] >= ads.blocks[a]:
+                ads.state[a] = AD_GPU
+                pool.free[0] -= ads.blocks[a]
+                pool.resident[0] += 1
+    return pool
 
 
 @nb.njit(cache=True)
-def simulate_policy_core(
-    arrival, adapter, in_len, out_len, out_pred, conv, history_len,  # requests, sorted by arrival
-    ad_tokens, ad_blocks, ad_load_ms, ad_cpu_ms_per_token,  # per adapter
-    duration, a_max, pool_blocks, block_size, max_batched, max_num_seqs, full_prompt_admission,
-    lat, sched, ip, fp, max_in_flight, ts_dt, trace_cap, hist,
-):
-    n = arrival.shape[0]
-    na = ad_tokens.shape[0]
-    cache_mode, sched_mode, cold = ip[I_CACHE], ip[I_SCHED], ip[I_COLD]
-    nq = ip[I_QUEUES] if sched_mode == SCHED_MLQ else 1
-
-    state, computed, ntok, blocks, first_tok, finish, last_tok, done_at = request_state(in_len, out_len)
-    admit_t = np.full(n, -1.0)
-    nxt = np.full(n, -1, np.int64)
-    prv = np.full(n, -1, np.int64)
-    req_q = np.zeros(n, np.int64)
-    wrs = np.zeros(n)
-    need_res = np.zeros(n)  # tokens a request holds of its queue quota (MLQ)
-    borrow = np.zeros(n)
-    bypass_of = np.full(n, -1, np.int64)  # the blocked head a running request bypassed (MLQ bypass)
-    blocked = np.full(nq, -1, np.int64)  # per queue: its head waiting for adapter memory, bypassed
-
-    q_head = np.full(nq, -1, np.int64)
-    q_tail = np.full(nq, -1, np.int64)
+def _new_queues(srv, ads, n):
+    """Empty queues: one, or Chameleon's with static equal-range cut-offs and equal quotas until the
+    first refresh."""
+    nq = srv.queues if srv.scheduler == SCHED_MLQ else 1
     bounds = np.empty(max(nq - 1, 0))
     for q in range(nq - 1):
-        bounds[q] = (q + 1.0) / nq  # static equal-range queues until the first refresh
-    quota = np.full(nq, float(pool_blocks * block_size) / nq)
-    used = np.zeros(nq)
-    borrowed = 0.0
-    max_in_seen, max_out_seen = 1.0, 1.0
-    max_ad_tokens = max(1.0, float(ad_tokens.max())) if na > 0 else 1.0
-    next_refresh = fp[P_REFRESH_S]
-    win_lo = 0
+        bounds[q] = (q + 1.0) / nq
+    na = ads.tokens.shape[0]
+    return new_record(Queues(np.full(nq, -1, np.int64), np.full(nq, -1, np.int64), np.full(n, -1, np.int64),
+                  np.full(n, -1, np.int64), np.zeros(n, np.int64), np.zeros(n), np.zeros(n), np.zeros(n),
+                  np.full(n, -1, np.int64), np.full(nq, -1, np.int64), bounds,
+                  np.full(nq, float(srv.pool_blocks * srv.block_size) / nq), np.zeros(nq), np.zeros(1),
+                  np.ones(1), np.ones(1), max(1.0, float(ads.tokens.max())) if na > 0 else 1.0,
+                  np.full(1, srv.fp[P_REFRESH_S]), np.zeros(1, np.int64)))
 
-    ad_state = np.zeros(na, np.int8)
-    ad_ready = np.zeros(na)
-    rc = np.zeros(na, np.int64)
-    qc = np.zeros(na, np.int64)
-    freq = np.zeros(na)
-    freq_t = np.zeros(na)
-    last_used = np.zeros(na)
-    stats = np.zeros(N_STATS)
-    mem = np.zeros(3, np.int64)  # free blocks, resident (or loading) adapters, idle history blocks
-    mem[0] = pool_blocks
-    pcie = np.zeros(1)
-    if ip[I_PRELOAD]:
-        for a in range(na):
-            if mem[0] >= ad_blocks[a]:
-                ad_state[a] = AD_GPU
-                mem[0] -= ad_blocks[a]
-                mem[1] += 1
-    batch_stamp = np.full(na, -1, np.int64)
-    ad_prompt_tok = np.zeros(na)
 
+@nb.njit(cache=True)
+def _new_loop(srv, rq, ads):
+    """Nothing running or waiting, at time 0, and the step buffers (``twin.core.step_buffers``)."""
+    n = rq.arrival.shape[0]
+    na = ads.state.shape[0]
     running, sched_req, sched_tok, batch_ads, done_j, itl_hist, ts, trace = step_buffers(
-        n, max_num_seqs, max_batched, duration, ts_dt, trace_cap)
-    n_hist = itl_hist.shape[0] - 2
-    n_ts = ts.shape[0]
-    ts_i = 0
-    next_ts = 0.0
-    tr_i = 0
+        n, srv.max_num_seqs, srv.max_batched, srv.duration, srv.ts_dt, srv.trace_cap)
+    z = np.zeros(1, np.int64)
+    lp = Loop(running, z.copy(), z.copy(), z.copy(), z.copy(), z.copy(), z.copy(), np.zeros(1),
+              np.full(1, step_ms(srv.lat, 1.0, 0.0, 1) / 1000.0), np.zeros(1), sched_req, sched_tok, z.copy(),
+              z.copy(), np.zeros(1), batch_ads, np.full(na, -1, np.int64), np.zeros(na), done_j)
+    out = Outputs(itl_hist, ts, z.copy(), np.zeros(1), trace, z.copy(), np.zeros(N_STATS))
+    return new_record(lp), new_record(out)
 
-    nrun = 0
-    n_waiting = 0
-    n_distinct = 0
-    next_arr = 0
+
+@nb.njit(cache=True)
+def _arrive(now, srv, rq, ads, pool, qs, hist, lp, stats):
+    """Arrivals up to ``now`` join the back of their queue (or are refused past ``max_in_flight``)."""
+    n = rq.arrival.shape[0]
+    while lp.next_arr[0] < n and rq.arrival[lp.next_arr[0]] <= now:
+        r = lp.next_arr[0]
+        lp.next_arr[0] += 1
+        if srv.max_in_flight > 0 and lp.nrun[0] + lp.n_waiting[0] >= srv.max_in_flight:
+            rq.state[r] = REJECTED
+            lp.rejected[0] += 1
+        else:
+            _enqueue(r, now, srv, rq, ads, pool, qs, hist, lp, stats)
+
+
+@nb.njit(cache=True)
+def _enqueue(r, now, srv, rq, ads, pool, qs, hist, lp, stats):
+    """Arrival ``r`` waits in its queue; its adapter's copy starts (prefetch), its history follows."""
+    a = rq.adapter[r]
+    rq.state[r] = WAITING
+    lp.n_waiting[0] += 1
+    ads.qc[a] += 1
+    fw = srv.fp[P_FREQ_WINDOW_S]
+    ads.freq[a] = decayed(ads.freq[a], ads.freq_t[a], now, fw) + 1.0
+    ads.freq_t[a] = now
+    _settle(a, now, ads)
+    stats[S_HITS if ads.state[a] != AD_HOST else S_MISSES] += 1
+    c = rq.conv[r]
+    if c >= 0 and hist.on:
+        hx.visit(c, now, hist, fw)
+    if srv.scheduler == SCHED_MLQ:
+        _classify(r, srv, rq, ads, qs)
+    _q_push(r, qs.req_q[r], False, qs)
+    if srv.prefetch and srv.cold_start != COLD_INLINE and ads.state[a] == AD_HOST:
+        _start_load(a, now, srv, ads, pool, hist, stats)
+    # Host history comes back behind its adapter, never without it (ELORA swaps in only
+    # subtrees whose parent is on the GPU).
+    if c >= 0 and hist.on and srv.prefetch and hist.state[c] == hx.H_HOST and ads.state[a] != AD_HOST:
+        _swap_in_history(c, a, now, srv, ads, pool, hist, stats)
+
+
+@nb.njit(cache=True)
+def _classify(r, srv, rq, ads, qs):
+    """Chameleon: arrival ``r``'s WRS (prompt and predicted output, scaled by the largest seen, times
+    its adapter's size), hence its queue, and the quota tokens it will hold."""
+    fp = srv.fp
+    qs.max_in_seen[0] = max(qs.max_in_seen[0], float(rq.in_len[r]))
+    qs.max_out_seen[0] = max(qs.max_out_seen[0], float(rq.out_pred[r]))
+    qs.wrs[r] = ((fp[P_WRS_A] * rq.in_len[r] / qs.max_in_seen[0] + fp[P_WRS_B] * rq.out_pred[r] / qs.max_out_seen[0])
+                 * max(ads.tokens[rq.adapter[r]], 1) / qs.max_ad_tokens)
+    qs.req_q[r] = queue_of(qs.wrs[r], qs.bounds)
+    qs.need_res[r] = rq.in_len[r] + rq.out_pred[r]
+
+
+@nb.njit(cache=True)
+def _sample(now, srv, pool, lp, out):
+    """Time-series samples (running, waiting, pool use) up to ``now``."""
+    while srv.ts_dt > 0 and out.next_ts[0] <= now and out.ts_i[0] < out.ts.shape[0]:
+        i = out.ts_i[0]
+        out.ts[i, 0] = out.next_ts[0]
+        out.ts[i, 1] = lp.nrun[0]
+        out.ts[i, 2] = lp.n_waiting[0]
+        out.ts[i, 3] = (srv.pool_blocks - pool.free[0]) / srv.pool_blocks
+        out.ts_i[0] += 1
+        out.next_ts[0] += srv.ts_dt
+
+
+@nb.njit(cache=True)
+def _refresh_queues(now, srv, rq, qs, lp, stats):
+    """Chameleon: re-form the queues and their quotas from the last refresh period's requests."""
+    nq = qs.head.shape[0]
+    t_ref = srv.fp[P_REFRESH_S]
+    hi = lp.next_arr[0]
+    while qs.win_lo[0] < hi and rq.arrival[qs.win_lo[0]] < now - t_ref:
+        qs.win_lo[0] += 1
+    lo = qs.win_lo[0]
+    if hi - lo > 0:
+        qs.bounds[:] = kmeans_boundaries(qs.wrs[lo:hi].copy(), nq)
+        s_max = np.zeros(nq)
+        cnt = np.zeros(nq)
+        d_sum = np.zeros(nq)
+        d_cnt = np.zeros(nq)
+        for r in range(lo, hi):
+            q = queue_of(qs.wrs[r], qs.bounds)
+            cnt[q] += 1
+            s_max[q] = max(s_max[q], qs.need_res[r])
+            if rq.state[r] == FINISHED:
+                d_sum[q] += rq.finish[r] - rq.admit_t[r]
+                d_cnt[q] += 1
+        d_all = d_sum.sum() / d_cnt.sum() if d_cnt.sum() > 0 else 0.0
+        dq = np.zeros(nq)
+        for q in range(nq):
+            dq[q] = d_sum[q] / d_cnt[q] if d_cnt[q] > 0 else d_all
+        qs.quota[:] = mlq_quotas(s_max, dq, cnt / t_ref, srv.fp[P_SLO_S], float(srv.pool_blocks * srv.block_size))
+        stats[S_REFRESHES] += 1
+    qs.next_refresh[0] = now + t_ref
+
+
+@nb.njit(cache=True)
+def _swap_in_idle(now, srv, ads, pool, hist, lp, stats):
+    """ELORA's swapper: bring in the host adapters of highest retention value while the pool stays
+    below the idle threshold and fewer than Low_lora adapters are resident."""
+    na = ads.state.shape[0]
+    target = low_lora(ads.freq, ads.freq_t, now, srv.fp[P_BATCH_WINDOW_S], ads.bs_avg[0])
+    idle_blocks = int((1.0 - srv.fp[P_IDLE_THRESHOLD]) * srv.pool_blocks)
+    while pool.resident[0] < np.ceil(target):
+        cand = np.zeros(na, np.bool_)
+        for a in range(na):
+            cand[a] = ads.state[a] == AD_HOST and ads.freq[a] > 0 and pool.free[0] - ads.blocks[a] >= idle_blocks
+        if not cand.any():
+            break
+        score = eviction_scores(srv.cache, now, cand, ads.freq, ads.freq_t, ads.last_used, ads.tokens, ads.load_ms,
+                                srv.fp)
+        best = int(np.argmax(np.where(cand, score, -1.0)))
+        _start_load(best, now, srv, ads, pool, hist, stats)
+        stats[S_SWAP_INS] += 1
+    lp.next_swap[0] = now + srv.fp[P_SWAP_PERIOD_S]
+
+
+@nb.njit(cache=True)
+def _squash_bypassers(now, srv, rq, ads, pool, qs, hist, lp, out):
+    """Chameleon's squash: a bypassed head whose memory (counting its bypassers' KV) is there now
+    gets it; its bypassers restart later, right behind it. A head no longer blocked is unmarked."""
+    for q in range(qs.head.shape[0]):
+        r1 = qs.blocked[q]
+        if r1 < 0:
+            continue
+        a1 = rq.adapter[r1]
+        _settle(a1, now, ads)
+        held = 0  # the bypassers' KV (Choice: their adapters, idle after a squash, are not counted)
+        for j in range(lp.nrun[0]):
+            if qs.bypass_of[lp.running[j]] == r1:
+                held += rq.blocks[lp.running[j]]
+        free = _reclaimable(-1, now, ads, pool, hist)
+        need1 = ads.blocks[a1] + _kv_check(r1, srv, rq)
+        waiting_head = rq.state[r1] == WAITING and ads.state[a1] == AD_HOST and free < need1
+        if waiting_head and held > 0 and free + held >= need1:
+            _squash(r1, now, srv, rq, ads, pool, qs, lp, out)
+            waiting_head = False
+        if not waiting_head:
+            qs.blocked[q] = -1
+            for j in range(lp.nrun[0]):
+                if qs.bypass_of[lp.running[j]] == r1:
+                    qs.bypass_of[lp.running[j]] = -1
+
+
+@nb.njit(cache=True)
+def _squash(r1, now, srv, rq, ads, pool, qs, lp, out):
+    """Send the running requests that bypassed head ``r1`` back to its queue, right behind it."""
+    k = 0
+    after = r1
+    for j in range(lp.nrun[0]):
+        v = lp.running[j]
+        if qs.bypass_of[v] != r1:
+            lp.running[k] = v
+            k += 1
+            continue
+        _back_to_waiting(v, rq, ads, pool, qs, lp)
+        _q_insert_after(v, after, qs.req_q[v], qs)
+        after = v
+        out.stats[S_SQUASHED] += 1
+        out.tr_i[0] = trace_event(out.trace, srv.trace_cap, out.tr_i[0], now, v, 0, EV_PREEMPTED)
+    lp.nrun[0] = k
+
+
+@nb.njit(cache=True)
+def _schedule_running(now, srv, rq, ads, pool, qs, hist, lp, out):
+    """Start the step with vLLM's RUNNING loop: KV for the running requests' new tokens, from free
+    blocks, then idle adapters and history, then by preempting the newest running request. True if
+    it preempted (then the step admits no waiting request)."""
+    bs = srv.block_size
+    budget = srv.max_batched
+    nsched = 0
+    nrun = lp.nrun[0]
+    preempted = False
+    i = 0
+    while i < nrun and budget > 0:
+        r = lp.running[i]
+        num_new = min(rq.ntok[r] - rq.computed[r], budget)
+        need = (rq.computed[r] + num_new + bs - 1) // bs - rq.blocks[r]
+        if need > pool.free[0]:
+            _make_room(need, -1, now, srv, ads, pool, hist, out.stats, True)
+        scheduled = True
+        while need > pool.free[0]:
+            v = lp.running[nrun - 1]
+            nrun -= 1
+            _back_to_waiting(v, rq, ads, pool, qs, lp)
+            lp.preemptions[0] += 1
+            _q_push(v, qs.req_q[v], True, qs)
+            preempted = True
+            out.tr_i[0] = trace_event(out.trace, srv.trace_cap, out.tr_i[0], now, v, 0, EV_PREEMPTED)
+            if v == r:
+                scheduled = False
+                break
+        if not scheduled:
+            break
+        rq.blocks[r] += need
+        pool.free[0] -= need
+        lp.sched_req[nsched] = r
+        lp.sched_tok[nsched] = num_new
+        nsched += 1
+        budget -= num_new
+        i += 1
+    lp.nrun[0] = nrun
+    lp.nsched[0] = nsched
+    lp.budget[0] = budget
+    lp.inline_ms[0] = 0.0
+    return preempted
+
+
+@nb.njit(cache=True)
+def _admit_waiting(now, srv, rq, ads, pool, qs, hist, lp, out):
+    """vLLM's WAITING loop: one FIFO scan that skips what is not ready, or Chameleon's two-phase quota
+    fill (phase 2 lends the quota that emptied queues leave over to the others, in queue order)."""
+    mlq = srv.scheduler == SCHED_MLQ
+    leftover = 0.0
+    for phase in range(2 if mlq else 1):
+        for q in range(qs.head.shape[0]):
+            if phase == 1 and leftover <= 0:
+                break
+            leftover = _scan_queue(q, phase, leftover, now, srv, rq, ads, pool, qs, hist, lp, out)
+            if phase == 0 and mlq and qs.head[q] < 0:
+                leftover += max(0.0, qs.quota[q] - qs.used[q])
+        if phase == 0:
+            leftover = max(0.0, leftover - qs.borrowed[0])
+
+
+@nb.njit(cache=True)
+def _scan_queue(q, phase, leftover, now, srv, rq, ads, pool, qs, hist, lp, out):
+    """Admit from queue ``q`` in order while the step has tokens and seats, within the queue's quota
+    (MLQ phase 0) or the ``leftover`` quota (phase 1, returned less what was borrowed)."""
+    mlq = srv.scheduler == SCHED_MLQ
+    r = qs.head[q]
+    bypassing = -1  # the head this scan bypasses
+    wait_s = 0.0  # its predicted wait for memory
+    while r >= 0 and lp.budget[0] > 0 and lp.nrun[0] < srv.max_num_seqs:
+        nr = qs.nxt[r]
+        if mlq:
+            # A queue with nothing running may always start its head (Choice: else a
+            # quota below one request's size would starve the queue for good).
+            allow = qs.quota[q] - qs.used[q] if phase == 0 else leftover
+            if qs.need_res[r] > allow and not (phase == 0 and qs.used[q] <= 0):
+                break
+        act = _try_admit(r, q, bypassing, wait_s, now, srv, rq, ads, pool, qs, hist, lp, out)
+        if act == SCAN_STOP:
+            break
+        if act == SCAN_BYPASS:
+            # No memory for the head's adapter even with every idle adapter evicted.
+            bypassing = r
+            need1 = ads.blocks[rq.adapter[r]] + _kv_check(r, srv, rq)
+            wait_s = _memory_wait_s(need1 - pool.free[0], srv, rq, lp)
+        elif act == SCAN_ADMITTED and mlq:
+            if phase == 0:
+                qs.used[q] += qs.need_res[r]
+            else:
+                qs.borrow[r] = qs.need_res[r]
+                qs.borrowed[0] += qs.need_res[r]
+                leftover -= qs.need_res[r]
+        r = nr
+    return leftover
+
+
+@nb.njit(cache=True, inline="always")  # per waiting request, once per scan
+def _try_admit(r, q, bypassing, wait_s, now, srv, rq, ads, pool, qs, hist, lp, out):
+    """Admit waiting request ``r`` if its adapter is ready (starting its copy if not) and its KV fits
+    (after evictions). Returns what the scan does next (SCAN_*): skip ``r``, stop, go on after
+    admitting it, or bypass it (the head of queue ``q``)."""
+    a = rq.adapter[r]
+    if ads.rc[a] == 0 and lp.n_distinct[0] >= srv.a_max:
+        # vLLM's max_loras rule skips, in every scheduler (Choice for Chameleon:
+        # S-LoRA has no such limit; a blocked head here would idle the queue).
+        return SCAN_NEXT
+    _settle(a, now, ads)
+    inline_load = False
+    if ads.state[a] == AD_HOST:
+        if srv.cold_start == COLD_INLINE:
+            inline_load = True
+        else:
+            _start_load(a, now, srv, ads, pool, hist, out.stats)
+    if (srv.cold_start == COLD_ASYNC and ads.state[a] != AD_GPU) or (srv.cold_start == COLD_CPU
+                                                                     and ads.state[a] == AD_HOST):
+        if srv.scheduler == SCHED_FIFO or bypassing >= 0:
+            return SCAN_NEXT
+        if srv.bypass and ads.state[a] == AD_HOST and r == qs.head[q]:
+            return SCAN_BYPASS
+        return SCAN_STOP
+    if bypassing >= 0 and _steps_left(r, srv, rq) * lp.step_avg_s[0] >= wait_s:
+        return SCAN_NEXT
+    c = rq.conv[r]
+    took = 0
+    if c >= 0 and hist.on and rq.history_len[r] > 0:
+        took = _reuse_history(r, c, a, now, srv, rq, ads, pool, hist, out.stats)
+        if took < 0:  # still coming in: FIFO skips the turn, a Chameleon queue waits for it
+            return SCAN_NEXT if srv.scheduler == SCHED_FIFO else SCAN_STOP
+    bs = srv.block_size
+    num_new = min(rq.ntok[r] - rq.computed[r], lp.budget[0])
+    need = (rq.computed[r] + num_new + bs - 1) // bs - rq.blocks[r]
+    check = (rq.ntok[r] + bs - 1) // bs - rq.blocks[r] if srv.full_prompt_admission else need
+    extra = ads.blocks[a] if inline_load else 0
+    if check + extra > pool.free[0]:
+        _make_room(check + extra, a, now, srv, ads, pool, hist, out.stats)
+    if check + extra > pool.free[0]:
+        if took:
+            check += hx.give_back(r, c, hist, rq.blocks, rq.computed, pool)
+        return _refuse_if_never_fits(r, q, a, check + extra, srv, rq, ads, qs, hist, lp)
+    _admit(r, q, a, c, took, need, num_new, inline_load, bypassing, now, rq, ads, pool, qs, hist, lp, out.stats)
+    return SCAN_ADMITTED
+
+
+@nb.njit(cache=True)
+def _reuse_history(r, c, a, now, srv, rq, ads, pool, hist, stats):
+    """A later turn takes over its conversation's history KV (host history is swapped back in first,
+    if its adapter is not on the host). Returns the tokens reused, or -1 while a swap-in is under way."""
+    hx.settle(c, now, hist, pool)
+    if hist.state[c] == hx.H_HOST and ads.state[a] != AD_HOST:
+        _swap_in_history(c, a, now, srv, ads, pool, hist, stats)
+    if hist.state[c] == hx.H_LOADING:
+        return -1
+    if hist.state[c] == hx.H_GPU and hist.blocks[c] * srv.block_size <= rq.history_len[r]:
+        return hx.take(r, c, now, hist, rq.blocks, rq.computed, pool)
+    return 0
+
+
+@nb.njit(cache=True)
+def _refuse_if_never_fits(r, q, a, blocks, srv, rq, ads, qs, hist, lp):
+    """Waiting request ``r`` needs ``blocks`` that are not free: it stops the scan, unless it could
+    not fit even into an empty pool, where the server refuses it and the scan goes on."""
+    own = ads.blocks[a] if ads.state[a] != AD_HOST else 0
+    if lp.nrun[0] == 0 and lp.nsched[0] == 0 and blocks > srv.pool_blocks - own:
+        rq.state[r] = REJECTED
+        lp.rejected[0] += 1
+        c = rq.conv[r]
+        if c >= 0 and hist.on:
+            hist.pending[c] -= 1
+        _dequeue(r, q, a, ads, qs, lp)
+        return SCAN_NEXT
+    return SCAN_STOP
+
+
+@nb.njit(cache=True)
+def _admit(r, q, a, c, took, need, num_new, inline_load, bypassing, now, rq, ads, pool, qs, hist, lp, stats):
+    """Waiting request ``r`` runs: its KV blocks, an inline load of its adapter, the bypass it makes,
+    its place in the running list and the step."""
+    if c >= 0 and hist.on and rq.admit_t[r] < 0:  # counted once, not per readmission
+        stats[S_HISTORY_TOKENS] += rq.history_len[r]
+        stats[S_REUSED_TOKENS] += took
+    if inline_load:
+        ads.state[a] = AD_GPU
+        _reserve(a, ads, pool, stats)
+        lp.inline_ms[0] += ads.load_ms[a]
+    if bypassing >= 0:
+        qs.bypass_of[r] = bypassing
+        qs.blocked[q] = bypassing
+        stats[S_BYPASSES] += 1
+    rq.blocks[r] += need
+    pool.free[0] -= need
+    rq.state[r] = RUNNING
+    if rq.admit_t[r] < 0:
+        rq.admit_t[r] = now
+    lp.running[lp.nrun[0]] = r
+    lp.nrun[0] += 1
+    if ads.rc[a] == 0:
+        lp.n_distinct[0] += 1
+    ads.rc[a] += 1
+    _dequeue(r, q, a, ads, qs, lp)
+    nsched = lp.nsched[0]
+    lp.sched_req[nsched] = r
+    lp.sched_tok[nsched] = num_new
+    lp.nsched[0] = nsched + 1
+    lp.budget[0] -= num_new
+
+
+@nb.njit(cache=True)
+def _next_event(now, rq, ads, pool, hist, lp):
+    """Nothing runnable: the time of the next arrival or of the next adapter or history copy to land
+    (inf: none)."""
+    n = rq.arrival.shape[0]
+    t_next = rq.arrival[lp.next_arr[0]] if lp.next_arr[0] < n else np.inf
+    for a in range(ads.state.shape[0]):
+        if ads.state[a] == AD_LOADING:
+            t_next = min(t_next, ads.ready[a])
+    if hist.on:
+        for c in range(hist.state.shape[0]):
+            hx.settle(c, now, hist, pool)
+            if hist.state[c] == hx.H_LOADING:
+                t_next = min(t_next, hist.ready[c])
+    return t_next
+
+
+@nb.njit(cache=True)
+def _step_cost(now, step, srv, rq, ads, pool, hist, lp, stats):
+    """The step's duration (s): the profile's model, inline loads, CPU-assisted LoRA of adapters still
+    being copied (Toppings), scheduler overhead. Updates the recent batch size and step time, and the
+    time integrals of the pool's use."""
+    nsched = lp.nsched[0]
+    n_tokens, n_decode, n_batch_ads = batch_shape(lp.sched_req, lp.sched_tok, nsched, rq.computed, rq.ntok, rq.in_len,
+                                                  rq.adapter, lp.batch_stamp, lp.batch_ads, step)
+    b = float(nsched)
+    prompt_tokens = float(n_tokens - n_decode)
+    ms = step_ms(srv.lat, b, prompt_tokens, n_batch_ads)
+    cpu_extra = _cpu_assist_ms(now, ms, n_batch_ads, rq, ads, lp)
+    if cpu_extra >= 0:
+        ms += cpu_extra + srv.fp[P_CPU_SYNC_MS]
+        stats[S_CPU_STEPS] += 1
+    ms += scheduler_ms(srv.sched, lp.nrun[0], lp.n_waiting[0], srv.a_max)
+    dt = (ms + lp.inline_ms[0]) / 1000.0
+    stats[S_STALL_S] += lp.inline_ms[0] / 1000.0
+    lp.busy_s[0] += dt
+    k_bs = np.exp(-dt / srv.fp[P_BATCH_WINDOW_S])
+    ads.bs_avg[0] = ads.bs_avg[0] * k_bs + b * (1.0 - k_bs)
+    lp.step_avg_s[0] = lp.step_avg_s[0] * k_bs + dt * (1.0 - k_bs)
+    stats[S_PREFILL_TOKENS] += prompt_tokens
+    if hist.on:
+        invalid = 0
+        for a in range(ads.state.shape[0]):
+            if ads.state[a] == AD_HOST:
+                invalid += hist.ad_idle_blocks[a]
+        stats[S_INVALID_BLOCK_S] += invalid * dt
+        stats[S_USED_BLOCK_S] += (srv.pool_blocks - pool.free[0]) * dt
+    return dt
+
+
+@nb.njit(cache=True)
+def _cpu_assist_ms(now, ms, n_batch_ads, rq, ads, lp):
+    """Toppings: the not-yet-copied share of a loading adapter's layers runs on CPU cores, overlapped
+    with the GPU's ``ms`` of base-model work; the step waits for the slower side. Returns the extra
+    ms (-1: no adapter of the batch is loading). Stamps the batch's adapters as used."""
+    for j in range(n_batch_ads):
+        lp.ad_prompt_tok[lp.batch_ads[j]] = 0.0
+    for j in range(lp.nsched[0]):
+        lp.ad_prompt_tok[rq.adapter[lp.sched_req[j]]] += lp.sched_tok[j]
+    cpu_extra = -1.0
+    for j in range(n_batch_ads):
+        a = lp.batch_ads[j]
+        ads.last_used[a] = now
+        if ads.state[a] == AD_LOADING and ads.ready[a] > now:
+            left = min(1.0, (ads.ready[a] - now) / max(ads.load_ms[a] / 1000.0, 1e-12))
+            cpu_ms = lp.ad_prompt_tok[a] * ads.cpu_ms_per_token[a] * left
+            cpu_extra = max(cpu_extra, max(0.0, cpu_ms - ms))
+    return cpu_extra
+
+
+@nb.njit(cache=True)
+def _apply_output(now, t_end, n_sched_running, n_kept, srv, rq, ads, pool, qs, hist, lp, out):
+    """Record the step and apply its output: computed and sampled tokens; finished requests free their
+    KV (or leave it as history), their quota and, under discard-after-use, their idle adapter."""
+    nsched = lp.nsched[0]
+    if srv.trace_cap > 0:
+        out.tr_i[0] = trace_scheduled(out.trace, srv.trace_cap, out.tr_i[0], now, lp.sched_req, lp.sched_tok, nsched,
+                                      n_sched_running)
+    n_done, tr_i = apply_step_output(lp.sched_req, lp.sched_tok, nsched, now, t_end, rq.computed, rq.ntok,
+                                     rq.first_tok, rq.last_tok, out.itl_hist, out.itl_hist.shape[0] - 2, rq.done_at,
+                                     rq.state, rq.finish, lp.done_j, out.trace, srv.trace_cap, out.tr_i[0])
+    out.tr_i[0] = tr_i
+    if n_done > 0:
+        for f in range(n_done):
+            _finish(lp.sched_req[lp.done_j[f]], t_end, srv, rq, ads, pool, qs, hist, lp)
+        lp.nrun[0] = drop_finished(lp.running, lp.nrun[0], lp.done_j, n_done, n_sched_running, n_kept)
+
+
+@nb.njit(cache=True)
+def _finish(r, t_end, srv, rq, ads, pool, qs, hist, lp):
+    """Finished request ``r`` gives back its KV (a conversation's turn keeps it as history), its quota
+    and its adapter's use; S-LoRA's discard-after-use sends an adapter nobody wants to the host."""
+    a = rq.adapter[r]
+    c = rq.conv[r]
+    if c >= 0 and hist.on:
+        hist.pending[c] -= 1
+        hx.keep(r, c, t_end, hist, rq.blocks, rq.computed, pool)
+    else:
+        pool.free[0] += rq.blocks[r]
+        rq.blocks[r] = 0
+    ads.rc[a] -= 1
+    _release_claims(r, qs)
+    if ads.rc[a] == 0:
+        lp.n_distinct[0] -= 1
+        if srv.cache == CACHE_DISCARD and ads.qc[a] == 0 and ads.blocks[a] > 0 and hist.ad_entries[a] == 0:
+            ads.state[a] = AD_HOST  # S-LoRA: an adapter no request uses leaves the GPU
+            pool.free[0] += ads.blocks[a]
+            pool.resident[0] -= 1
+
+
+@nb.njit(cache=True)
+def simulate_policy_core(requests, adapters, server, history):
+    """Run the server on requests ``requests`` (:func:`new_requests`) and adapters ``adapters``
+    (:func:`new_adapters`) with settings ``server`` and the history KV ``history``
+    (``history.history_state``). Returns the stock loop's outputs (``twin.core.simulate_core``) and
+    the policy statistics (S_*)."""
+    rq, ads, srv, hist = new_record(requests), new_record(adapters), new_record(server), new_record(history)
+    pool = _new_pool(srv, ads)
+    qs = _new_queues(srv, ads, rq.arrival.shape[0])
+    lp, out = _new_loop(srv, rq, ads)
+    n = rq.arrival.shape[0]
     now = 0.0
     step = 0
-    preemptions = 0
-    rejected = 0
-    busy_s = 0.0
-    bs_avg = 1.0
-    step_avg_s = step_ms(lat, 1.0, 0.0, 1) / 1000.0  # recent step time (the bypass's predictions)
-    next_swap = 0.0
-    fw = fp[P_FREQ_WINDOW_S]
-    history_on = hist[4][hx.HC_ON] != 0
-    ad_h = hist[2]
-
     while True:
-        # 1. Arrivals join the back of their queue; their adapter's copy starts (prefetch).
-        while next_arr < n and arrival[next_arr] <= now:
-            r = next_arr
-            a = adapter[r]
-            next_arr += 1
-            if max_in_flight > 0 and nrun + n_waiting >= max_in_flight:
-                state[r] = REJECTED
-                rejected += 1
-                continue
-            state[r] = WAITING
-            n_waiting += 1
-            qc[a] += 1
-            freq[a] = decayed(freq[a], freq_t[a], now, fw) + 1.0
-            freq_t[a] = now
-            _settle(a, now, ad_state, ad_ready)
-            stats[S_HITS if ad_state[a] != AD_HOST else S_MISSES] += 1
-            c = conv[r]
-            if c >= 0 and history_on:
-                hx.visit(c, now, hist, fw)
-            if sched_mode == SCHED_MLQ:
-                max_in_seen = max(max_in_seen, float(in_len[r]))
-                max_out_seen = max(max_out_seen, float(out_pred[r]))
-                wrs[r] = ((fp[P_WRS_A] * in_len[r] / max_in_seen + fp[P_WRS_B] * out_pred[r] / max_out_seen)
-                          * max(ad_tokens[a], 1) / max_ad_tokens)
-                req_q[r] = queue_of(wrs[r], bounds)
-                need_res[r] = in_len[r] + out_pred[r]
-            _q_push(r, req_q[r], False, q_head, q_tail, nxt, prv)
-            if ip[I_PREFETCH] and cold != COLD_INLINE and ad_state[a] == AD_HOST:
-                _start_load(a, now, cache_mode, ad_state, ad_ready, rc, qc, freq, freq_t, last_used, ad_tokens,
-                            ad_blocks, ad_load_ms, fp, mem, stats, pcie, hist)
-            # Host history comes back behind its adapter, never without it (ELORA swaps in only
-            # subtrees whose parent is on the GPU).
-            if (c >= 0 and history_on and ip[I_PREFETCH] and hist[0][c, hx.HI_STATE] == hx.H_HOST
-                    and ad_state[a] != AD_HOST):
-                _swap_in_history(c, a, now, cache_mode, ad_state, ad_ready, rc, qc, freq, freq_t, last_used,
-                                 ad_tokens, ad_blocks, ad_load_ms, fp, mem, stats, pcie, hist)
-
-        while ts_dt > 0 and next_ts <= now and ts_i < n_ts:
-            ts[ts_i, 0] = next_ts
-            ts[ts_i, 1] = nrun
-            ts[ts_i, 2] = n_waiting
-            ts[ts_i, 3] = (pool_blocks - mem[0]) / pool_blocks
-            ts_i += 1
-            next_ts += ts_dt
-
-        if now >= duration:
+        _arrive(now, srv, rq, ads, pool, qs, hist, lp, out.stats)
+        _sample(now, srv, pool, lp, out)
+        if now >= srv.duration:
             break
-
-        # Chameleon: re-form the queues and their quotas from the last refresh period's requests.
-        if sched_mode == SCHED_MLQ and now >= next_refresh:
-            t_ref = fp[P_REFRESH_S]
-            while win_lo < next_arr and arrival[win_lo] < now - t_ref:
-                win_lo += 1
-            m = next_arr - win_lo
-            if m > 0:
-                bounds = kmeans_boundaries(wrs[win_lo:next_arr].copy(), nq)
-                s_max = np.zeros(nq)
-                cnt = np.zeros(nq)
-                d_sum = np.zeros(nq)
-                d_cnt = np.zeros(nq)
-                for r in range(win_lo, next_arr):
-                    q = queue_of(wrs[r], bounds)
-                    cnt[q] += 1
-                    s_max[q] = max(s_max[q], need_res[r])
-                    if state[r] == FINISHED:
-                        d_sum[q] += finish[r] - admit_t[r]
-                        d_cnt[q] += 1
-                d_all = d_sum.sum() / d_cnt.sum() if d_cnt.sum() > 0 else 0.0
-                dq = np.zeros(nq)
-                for q in range(nq):
-                    dq[q] = d_sum[q] / d_cnt[q] if d_cnt[q] > 0 else d_all
-                quota = mlq_quotas(s_max, dq, cnt / t_ref, fp[P_SLO_S], float(pool_blocks * block_size))
-                stats[S_REFRESHES] += 1
-            next_refresh = now + t_ref
-
-        # ELORA: periodic swap-in of valuable host adapters while memory is idle.
-        if cache_mode == CACHE_ELORA and now >= next_swap:
-            target = low_lora(freq, freq_t, now, fp[P_BATCH_WINDOW_S], bs_avg)
-            idle_blocks = int((1.0 - fp[P_IDLE_THRESHOLD]) * pool_blocks)
-            while mem[1] < np.ceil(target):
-                cand = np.zeros(na, np.bool_)
-                for a in range(na):
-                    cand[a] = ad_state[a] == AD_HOST and freq[a] > 0 and mem[0] - ad_blocks[a] >= idle_blocks
-                if not cand.any():
-                    break
-                score = eviction_scores(cache_mode, now, cand, freq, freq_t, last_used, ad_tokens, ad_load_ms, fp)
-                best = int(np.argmax(np.where(cand, score, -1.0)))
-                _start_load(best, now, cache_mode, ad_state, ad_ready, rc, qc, freq, freq_t, last_used,
-                            ad_tokens, ad_blocks, ad_load_ms, fp, mem, stats, pcie, hist)
-                stats[S_SWAP_INS] += 1
-            next_swap = now + fp[P_SWAP_PERIOD_S]
-
-        if nrun == 0 and n_waiting == 0:
-            if next_arr >= n:
+        if srv.scheduler == SCHED_MLQ and now >= qs.next_refresh[0]:
+            _refresh_queues(now, srv, rq, qs, lp, out.stats)
+        if srv.cache == CACHE_ELORA and now >= lp.next_swap[0]:
+            _swap_in_idle(now, srv, ads, pool, hist, lp, out.stats)
+        if lp.nrun[0] == 0 and lp.n_waiting[0] == 0:
+            if lp.next_arr[0] >= n:
                 break
             # An idle ELORA server still runs its swapper every period.
-            now = min(arrival[next_arr], next_swap) if cache_mode == CACHE_ELORA else arrival[next_arr]
+            t_arr = rq.arrival[lp.next_arr[0]]
+            now = min(t_arr, lp.next_swap[0]) if srv.cache == CACHE_ELORA else t_arr
             continue
-
-        # Chameleon's squash: a bypassed head whose memory (counting its bypassers' KV) is there now
-        # gets it; its bypassers restart later, right behind it.
-        for q in range(nq):
-            r1 = blocked[q]
-            if r1 < 0:
-                continue
-            a1 = adapter[r1]
-            _settle(a1, now, ad_state, ad_ready)
-            held = 0  # the bypassers' KV (Choice: their adapters, idle after a squash, are not counted)
-            for j in range(nrun):
-                if bypass_of[running[j]] == r1:
-                    held += blocks[running[j]]
-            free = _reclaimable(-1, now, ad_state, ad_ready, rc, ad_blocks, mem, hist)
-            need1 = ad_blocks[a1] + _kv_check(r1, computed, ntok, block_size, max_batched, full_prompt_admission)
-            waiting_head = state[r1] == WAITING and ad_state[a1] == AD_HOST and free < need1
-            if waiting_head and held > 0 and free + held >= need1:
-                k = 0
-                after = r1
-                for j in range(nrun):
-                    v = running[j]
-                    if bypass_of[v] != r1:
-                        running[k] = v
-                        k += 1
-                        continue
-                    gave, idle = _back_to_waiting(v, adapter, blocks, computed, state, qc, rc, borrow, used, req_q,
-                                                  need_res, bypass_of, mem)
-                    borrowed -= gave
-                    n_waiting += 1
-                    n_distinct -= idle
-                    _q_insert_after(v, after, req_q[v], q_tail, nxt, prv)
-                    after = v
-                    stats[S_SQUASHED] += 1
-                    tr_i = trace_event(trace, trace_cap, tr_i, now, v, 0, EV_PREEMPTED)
-                nrun = k
-                waiting_head = False
-            if not waiting_head:
-                blocked[q] = -1
-                for j in range(nrun):
-                    if bypass_of[running[j]] == r1:
-                        bypass_of[running[j]] = -1
-
-        # 2. RUNNING loop: KV for the new tokens; take blocks from idle adapters, then preempt.
-        budget = max_batched
-        nsched = 0
-        preempted_now = False
-        i = 0
-        while i < nrun and budget > 0:
-            r = running[i]
-            num_new = min(ntok[r] - computed[r], budget)
-            need = (computed[r] + num_new + block_size - 1) // block_size - blocks[r]
-            if need > mem[0]:
-                _make_room(need, -1, now, cache_mode, ad_state, ad_ready, rc, qc, freq, freq_t, last_used,
-                           ad_tokens, ad_blocks, ad_load_ms, fp, mem, stats, hist, True)
-            scheduled = True
-            while need > mem[0]:
-                v = running[nrun - 1]
-                nrun -= 1
-                gave, idle = _back_to_waiting(v, adapter, blocks, computed, state, qc, rc, borrow, used, req_q,
-                                              need_res, bypass_of, mem)
-                borrowed -= gave
-                n_waiting += 1
-                n_distinct -= idle
-                preemptions += 1
-                _q_push(v, req_q[v], True, q_head, q_tail, nxt, prv)
-                preempted_now = True
-                tr_i = trace_event(trace, trace_cap, tr_i, now, v, 0, EV_PREEMPTED)
-                if v == r:
-                    scheduled = False
-                    break
-            if not scheduled:
-                break
-            blocks[r] += need
-            mem[0] -= need
-            sched_req[nsched] = r
-            sched_tok[nsched] = num_new
-            nsched += 1
-            budget -= num_new
-            i += 1
-        n_sched_running = nsched
-        n_kept = nrun
-
-        # 3. WAITING: FIFO scan (skip what is not ready) or Chameleon's two-phase quota fill.
-        inline_ms = 0.0
-        if not preempted_now:
-            leftover = 0.0
-            for phase in range(2 if sched_mode == SCHED_MLQ else 1):
-                for q in range(nq):
-                    if phase == 1 and leftover <= 0:
-                        break
-                    r = q_head[q]
-                    bypassing = -1  # the head this scan bypasses
-                    wait_s = 0.0  # its predicted wait for memory
-                    while r >= 0 and budget > 0 and nrun < max_num_seqs:
-                        nr = nxt[r]
-                        a = adapter[r]
-                        if sched_mode == SCHED_MLQ:
-                            # A queue with nothing running may always start its head (Choice: else a
-                            # quota below one request's size would starve the queue for good).
-                            allow = quota[q] - used[q] if phase == 0 else leftover
-                            if need_res[r] > allow and not (phase == 0 and used[q] <= 0):
-                                break
-                        if rc[a] == 0 and n_distinct >= a_max:
-                            # vLLM's max_loras rule skips, in every scheduler (Choice for Chameleon:
-                            # S-LoRA has no such limit; a blocked head here would idle the queue).
-                            r = nr
-                            continue
-                        _settle(a, now, ad_state, ad_ready)
-                        inline_load = False
-                        if ad_state[a] == AD_HOST:
-                            if cold == COLD_INLINE:
-                                inline_load = True
-                            else:
-                                _start_load(a, now, cache_mode, ad_state, ad_ready, rc, qc, freq, freq_t, last_used,
-                                            ad_tokens, ad_blocks, ad_load_ms, fp, mem, stats, pcie, hist)
-                        if (cold == COLD_ASYNC and ad_state[a] != AD_GPU) or (cold == COLD_CPU and ad_state[a] == AD_HOST):
-                            if sched_mode == SCHED_FIFO or bypassing >= 0:
-                                r = nr
-                                continue
-                            if ip[I_BYPASS] and ad_state[a] == AD_HOST and r == q_head[q]:
-                                # No memory for the head's adapter even with every idle adapter evicted.
-                                bypassing = r
-                                need1 = ad_blocks[a] + _kv_check(r, computed, ntok, block_size, max_batched,
-                                                                 full_prompt_admission)
-                                wait_s = _memory_wait_s(need1 - mem[0], running, nrun, blocks, computed, ntok,
-                                                        in_len, out_pred, max_batched, step_avg_s)
-                                r = nr
-                                continue
-                            break
-                        if bypassing >= 0 and _steps_left(r, computed, ntok, in_len, out_pred,
-                                                          max_batched) * step_avg_s >= wait_s:
-                            r = nr
-                            continue
-                        # A later turn reuses its conversation's history KV (waiting while it swaps in).
-                        c = conv[r]
-                        took = 0
-                        if c >= 0 and history_on and history_len[r] > 0:
-                            hx.settle(c, now, hist, mem)
-                            if hist[0][c, hx.HI_STATE] == hx.H_HOST and ad_state[a] != AD_HOST:
-                                _swap_in_history(c, a, now, cache_mode, ad_state, ad_ready, rc, qc, freq, freq_t,
-                                                 last_used, ad_tokens, ad_blocks, ad_load_ms, fp, mem, stats, pcie,
-                                                 hist)
-                            h_state = hist[0][c, hx.HI_STATE]
-                            if h_state == hx.H_LOADING:
-                                if sched_mode == SCHED_FIFO:
-                                    r = nr
-                                    continue
-                                break
-                            if h_state == hx.H_GPU and hist[0][c, hx.HI_BLOCKS] * block_size <= history_len[r]:
-                                took = hx.take(r, c, now, hist, blocks, computed, mem)
-                        num_new = min(ntok[r] - computed[r], budget)
-                        need = (computed[r] + num_new + block_size - 1) // block_size - blocks[r]
-                        check = (ntok[r] + block_size - 1) // block_size - blocks[r] if full_prompt_admission else need
-                        extra = ad_blocks[a] if inline_load else 0
-                        if check + extra > mem[0]:
-                            _make_room(check + extra, a, now, cache_mode, ad_state, ad_ready, rc, qc, freq, freq_t,
-                                       last_used, ad_tokens, ad_blocks, ad_load_ms, fp, mem, stats, hist)
-                        if check + extra > mem[0]:
-                            if took:
-                                check += hx.give_back(r, c, hist, blocks, computed, mem)
-                            own = ad_blocks[a] if ad_state[a] != AD_HOST else 0
-                            if nrun == 0 and nsched == 0 and check + extra > pool_blocks - own:
-                                # Cannot fit even into an empty pool: the server refuses it.
-                                state[r] = REJECTED
-                                rejected += 1
-                                n_waiting -= 1
-                                qc[a] -= 1
-                                if c >= 0 and history_on:
-                                    hist[3][c] -= 1
-                                _q_remove(r, q, q_head, q_tail, nxt, prv)
-                                r = nr
-                                continue
-                            break
-                        if c >= 0 and history_on and admit_t[r] < 0:  # counted once, not per readmission
-                            stats[S_HISTORY_TOKENS] += history_len[r]
-                            stats[S_REUSED_TOKENS] += took
-                        if inline_load:
-                            ad_state[a] = AD_GPU
-                            mem[0] -= ad_blocks[a]
-                            mem[1] += 1
-                            stats[S_PEAK_RESIDENT] = max(stats[S_PEAK_RESIDENT], mem[1])
-                            inline_ms += ad_load_ms[a]
-                            stats[S_LOADS] += 1
-                        if bypassing >= 0:
-                            bypass_of[r] = bypassing
-                            blocked[q] = bypassing
-                            stats[S_BYPASSES] += 1
-                        if sched_mode == SCHED_MLQ:
-                            if phase == 0:
-                                used[q] += need_res[r]
-                            else:
-                                borrow[r] = need_res[r]
-                                borrowed += need_res[r]
-                                leftover -= need_res[r]
-                        blocks[r] += need
-                        mem[0] -= need
-                        state[r] = RUNNING
-                        if admit_t[r] < 0:
-                            admit_t[r] = now
-                        running[nrun] = r
-                        nrun += 1
-                        if rc[a] == 0:
-                            n_distinct += 1
-                        rc[a] += 1
-                        qc[a] -= 1
-                        n_waiting -= 1
-                        _q_remove(r, q, q_head, q_tail, nxt, prv)
-                        sched_req[nsched] = r
-                        sched_tok[nsched] = num_new
-                        nsched += 1
-                        budget -= num_new
-                        r = nr
-                    if phase == 0 and sched_mode == SCHED_MLQ and q_head[q] < 0:
-                        leftover += max(0.0, quota[q] - used[q])
-                if phase == 0:
-                    leftover = max(0.0, leftover - borrowed)
-
-        if nsched == 0:
-            # Nothing runnable: wait for the next arrival or the next adapter copy to land.
-            t_next = arrival[next_arr] if next_arr < n else np.inf
-            for a in range(na):
-                if ad_state[a] == AD_LOADING:
-                    t_next = min(t_next, ad_ready[a])
-            if history_on:
-                for c in range(hist[0].shape[0]):
-                    hx.settle(c, now, hist, mem)
-                    if hist[0][c, hx.HI_STATE] == hx.H_LOADING:
-                        t_next = min(t_next, hist[1][c, hx.HF_READY])
+        _squash_bypassers(now, srv, rq, ads, pool, qs, hist, lp, out)
+        preempted = _schedule_running(now, srv, rq, ads, pool, qs, hist, lp, out)
+        n_sched_running, n_kept = lp.nsched[0], lp.nrun[0]
+        if not preempted:
+            _admit_waiting(now, srv, rq, ads, pool, qs, hist, lp, out)
+        if lp.nsched[0] == 0:
+            t_next = _next_event(now, rq, ads, pool, hist, lp)
             if t_next == np.inf:
                 break
             now = max(now, t_next)
             continue
-
-        # 4. Step cost: the profile's model, inline loads, CPU-assisted LoRA of loading adapters.
-        n_tokens, n_decode, n_batch_ads = batch_shape(sched_req, sched_tok, nsched, computed, ntok, in_len, adapter,
-                                                      batch_stamp, batch_ads, step)
-        for j in range(n_batch_ads):
-            ad_prompt_tok[batch_ads[j]] = 0.0
-        for j in range(nsched):
-            ad_prompt_tok[adapter[sched_req[j]]] += sched_tok[j]
-        b = float(nsched)
-        prompt_tokens = float(n_tokens - n_decode)
-        ms = step_ms(lat, b, prompt_tokens, n_batch_ads)
-        cpu_extra = -1.0
-        for j in range(n_batch_ads):
-            a = batch_ads[j]
-            last_used[a] = now
-            if ad_state[a] == AD_LOADING and ad_ready[a] > now:
-                # Toppings: the not-yet-copied share of the adapter's layers runs on CPU cores,
-                # overlapped with the GPU's base-model work; the step waits for the slower side.
-                left = min(1.0, (ad_ready[a] - now) / max(ad_load_ms[a] / 1000.0, 1e-12))
-                cpu_ms = ad_prompt_tok[a] * ad_cpu_ms_per_token[a] * left
-                cpu_extra = max(cpu_extra, max(0.0, cpu_ms - ms))
-        if cpu_extra >= 0:
-            ms += cpu_extra + fp[P_CPU_SYNC_MS]
-            stats[S_CPU_STEPS] += 1
-        ms += scheduler_ms(sched, nrun, n_waiting, a_max)
-        dt = (ms + inline_ms) / 1000.0
-        stats[S_STALL_S] += inline_ms / 1000.0
-        t_end = now + dt
-        busy_s += dt
-        k_bs = np.exp(-dt / fp[P_BATCH_WINDOW_S])
-        bs_avg = bs_avg * k_bs + b * (1.0 - k_bs)
-        step_avg_s = step_avg_s * k_bs + dt * (1.0 - k_bs)
-        stats[S_PREFILL_TOKENS] += prompt_tokens
-        if history_on:
-            hist[5][hx.HP_BS_AVG] = bs_avg
-            invalid = 0
-            for a in range(na):
-                if ad_state[a] == AD_HOST:
-                    invalid += ad_h[a, hx.AH_BLOCKS]
-            stats[S_INVALID_BLOCK_S] += invalid * dt
-            stats[S_USED_BLOCK_S] += (pool_blocks - mem[0]) * dt
-
-        if trace_cap > 0:
-            tr_i = trace_scheduled(trace, trace_cap, tr_i, now, sched_req, sched_tok, nsched, n_sched_running)
-
-        # 5. Apply the step's output: computed tokens, sampled tokens, finished requests (freed below).
-        n_done, tr_i = apply_step_output(sched_req, sched_tok, nsched, now, t_end, computed, ntok, first_tok, last_tok,
-                                         itl_hist, n_hist, done_at, state, finish, done_j, trace, trace_cap, tr_i)
-        if n_done > 0:
-            for f in range(n_done):
-                r = sched_req[done_j[f]]
-                a = adapter[r]
-                c = conv[r]
-                if c >= 0 and history_on:
-                    hist[3][c] -= 1
-                    hx.keep(r, c, t_end, hist, blocks, computed, mem)
-                else:
-                    mem[0] += blocks[r]
-                    blocks[r] = 0
-                rc[a] -= 1
-                if sched_mode == SCHED_MLQ:
-                    if borrow[r] > 0:
-                        borrowed -= borrow[r]
-                    else:
-                        used[req_q[r]] -= need_res[r]
-                    bypass_of[r] = -1
-                if rc[a] == 0:
-                    n_distinct -= 1
-                    if cache_mode == CACHE_DISCARD and qc[a] == 0 and ad_blocks[a] > 0 and ad_h[a, hx.AH_ENTRIES] == 0:
-                        ad_state[a] = AD_HOST  # S-LoRA: an adapter no request uses leaves the GPU
-                        mem[0] += ad_blocks[a]
-                        mem[1] -= 1
-            nrun = drop_finished(running, nrun, done_j, n_done, n_sched_running, n_kept)
+        t_end = now + _step_cost(now, step, srv, rq, ads, pool, hist, lp, out.stats)
+        _apply_output(now, t_end, n_sched_running, n_kept, srv, rq, ads, pool, qs, hist, lp, out)
         now = t_end
         step += 1
 
-    counters = np.array([preemptions, int(stats[S_LOADS]), rejected, step, ts_i, tr_i], np.int64)
-    return (state, first_tok, finish, itl_hist, counters, busy_s, ts[:ts_i], trace[:tr_i],
-            stats)
+    counters = np.array([lp.preemptions[0], int(out.stats[S_LOADS]), lp.rejected[0], step, out.ts_i[0], out.tr_i[0]],
+                        np.int64)
+    result = (rq.state, rq.first_tok, rq.finish, out.itl_hist, counters, lp.busy_s[0], out.ts[:out.ts_i[0]],
+              out.trace[:out.tr_i[0]], out.stats)
+    free_records((rq, ads, srv, hist, pool, qs, lp, out))
+    return result

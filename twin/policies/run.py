@@ -6,7 +6,7 @@ import numpy as np
 
 from twin.errors import ProfileError
 from twin.policies import engine
-from twin.policies.history import HC_ON, history_state
+from twin.policies.history import history_state
 from twin.policies.spec import PolicySpec
 
 
@@ -28,13 +28,18 @@ def run_policy(spec: PolicySpec, workload, profile, requests, arrival, load_ms, 
         noise = np.random.default_rng([seed, 1]).lognormal(-s * s / 2, s, len(requests))
         out_pred = np.maximum(1, np.rint(out_pred * noise)).astype(np.int32)
     hist, conv, history_len = _history(spec, profile, requests, len(ranks))
+    srv = engine.Server(
+        duration=float(config.duration_s), a_max=int(config.a_max), pool_blocks=int(pool_blocks),
+        block_size=int(eng.block_size), max_batched=int(eng.max_num_batched_tokens),
+        max_num_seqs=int(eng.max_num_seqs), full_prompt_admission=eng.admission_rule == "full_prompt",
+        lat=lat, sched=sched, **spec.loop_settings(), fp=spec.float_params(),
+        max_in_flight=int(config.max_in_flight), ts_dt=float(config.timeseries_dt_s),
+        trace_cap=int(config.trace_events),
+    )
     (*out, stats) = engine.simulate_policy_core(
-        arrival, requests.adapter, requests.input_tokens, requests.output_tokens, out_pred, conv, history_len,
-        ad_tokens, ad_blocks, load_ms, cpu_ms_per_token.astype(np.float64),
-        float(config.duration_s), int(config.a_max), int(pool_blocks), int(eng.block_size),
-        int(eng.max_num_batched_tokens), int(eng.max_num_seqs), eng.admission_rule == "full_prompt",
-        lat, sched, spec.int_params(), spec.float_params(),
-        int(config.max_in_flight), float(config.timeseries_dt_s), int(config.trace_events), hist,
+        engine.new_requests(arrival, requests.adapter, requests.input_tokens, requests.output_tokens, out_pred, conv,
+                            history_len),
+        engine.new_adapters(ad_tokens, ad_blocks, load_ms, cpu_ms_per_token.astype(np.float64)), srv, hist,
     )
     hits, misses = stats[engine.S_HITS], stats[engine.S_MISSES]
     policy_stats = {
@@ -49,7 +54,7 @@ def run_policy(spec: PolicySpec, workload, profile, requests, arrival, load_ms, 
         "squashed": int(stats[engine.S_SQUASHED]),  # bypassers restarted when the head's memory came
         "prefill_tokens": int(stats[engine.S_PREFILL_TOKENS]),  # prompt tokens computed (history reuse saves them)
     }
-    if hist[4][HC_ON]:
+    if hist.on:
         history, used = stats[engine.S_HISTORY_TOKENS], stats[engine.S_USED_BLOCK_S]
         policy_stats.update({
             "history_reused": float(stats[engine.S_REUSED_TOKENS] / history) if history else float("nan"),

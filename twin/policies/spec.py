@@ -92,16 +92,11 @@ class PolicySpec:
         if not 0 < self.idle_threshold <= 1:
             raise WorkloadError(f"policy {self.name}: idle_threshold must be in (0, 1]")
 
-    def int_params(self) -> np.ndarray:
-        p = np.zeros(engine.N_INT_PARAMS, np.int64)
-        p[engine.I_CACHE] = _CACHE[self.cache]
-        p[engine.I_SCHED] = _SCHED[self.scheduler]
-        p[engine.I_COLD] = _COLD[self.cold_start]
-        p[engine.I_PREFETCH] = self.prefetch
-        p[engine.I_QUEUES] = self.queues
-        p[engine.I_PRELOAD] = self.preload_all
-        p[engine.I_BYPASS] = self.bypass
-        return p
+    def loop_settings(self) -> dict:
+        """The policy's switches as the loop reads them (``engine.Server``'s fields of those names)."""
+        return {"cache": _CACHE[self.cache], "scheduler": _SCHED[self.scheduler], "cold_start": _COLD[self.cold_start],
+                "prefetch": bool(self.prefetch), "queues": int(self.queues), "preload_all": bool(self.preload_all),
+                "bypass": bool(self.bypass)}
 
     def float_params(self) -> np.ndarray:
         p = np.zeros(rules.N_FLOAT_PARAMS)

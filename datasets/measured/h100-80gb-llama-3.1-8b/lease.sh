@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU lease of this workplace's device tool, as session 19 ran it (README.md, "Next GPU lease").
+# One GPU lease of this workplace's device tool: the lean profile, then its validation (README.md, "Next GPU lease").
 # A call carries at most 64 MiB and the machine goes back after 30 s idle, so: stage vLLM with
 # carry_vllm.sh, move the large tracked files out of the tree, carry the three parts in three calls
 # back to back, then start the job in its own session and poll it with calls of up to 10 minutes.
