@@ -23,7 +23,10 @@ accepted by the twin):
 * The twin judges every GPU that changed; one that fails goes round again (at most ``REPAIR_ROUNDS``).
 * A fresh plan of the same day is packed too. While the re-plan needs more GPUs than it (plus the
   tolerance), the GPU with the fewest adapters is emptied into the others' room (reason
-  ``consolidation``), if the moves budget allows and the twin passes every GPU that takes them.
+  ``consolidation``), if the moves budget allows and the twin passes every GPU that takes them; when no
+  GPU can be emptied, the adapters of the least-loaded few are packed again onto fewer; and when that
+  cannot reach the target either, the fresh plan is laid onto the GPUs (each of its groups on the GPU it
+  shares most traffic with), within the budget.
 * New groups take over the GPUs of previous instances left with nothing, the ones sharing most adapters
   first, so one engine reloads adapters instead of one stopping and another starting.
 
@@ -323,14 +326,18 @@ class _Replan:
 
     # -- consolidation -----------------------------------------------------------------------------------
 
-    def consolidate(self, fresh_gpus: int) -> None:
-        """Empty GPUs into the others' room while the re-plan needs more than ``fresh_gpus`` + the tolerance
-        and the moves budget allows (each emptied GPU judged away by the twin on every GPU that takes its
-        adapters)."""
-        target = fresh_gpus + self.budget.gpu_tolerance
+    def consolidate(self, fresh: list[GpuGroup], rows: list[dict | None]) -> None:
+        """Empty GPUs into the others' room while the re-plan needs more than the fresh plan ``fresh`` + the
+        tolerance and the moves budget allows (each emptied GPU judged away by the twin on every GPU that takes
+        its adapters). If that cannot reach the target, the fresh plan itself is laid onto the GPUs, each of its
+        groups on the GPU it shares most traffic with, when the budget allows the moves."""
+        target = len(fresh) + self.budget.gpu_tolerance
         while len(self.slots) > target:
             if not self.empty_one() and not self.merge_lightest(len(self.slots) - target):
                 break
+        if len(self.slots) > target and self.take_over(list(self.slots), fresh, rows,
+                                                       "consolidation: the fresh plan of the day needs fewer GPUs"):
+            self.log(f"consolidation: laid the fresh plan onto the GPUs; {len(self.slots)} GPUs")
 
     def moves_left(self) -> float:
         return np.inf if self.budget.max_moves is None else self.budget.max_moves - len(self.moves)
@@ -360,32 +367,33 @@ class _Replan:
         return False
 
     def merge_lightest(self, excess: int) -> bool:
-        """Pack the adapters of the ``k`` least-loaded GPUs again onto fewer, judged like a fresh plan, for a few
-        ``k`` from ``excess`` + 1: what emptying one GPU at a time cannot do when every GPU has a little room and
-        none has enough for a whole GPU's adapters. Each new group goes to the GPU it shares most traffic with,
-        so only the other adapters move; within the moves and restarts budget."""
+        """Pack the adapters of the ``k`` least-loaded GPUs again onto fewer, judged like a fresh plan, for ``k``
+        from ``excess`` + 1, doubling (the fewest GPUs touched first): what emptying one GPU at a time cannot do
+        when every GPU has a little room and none has enough for a whole GPU's adapters. Each new group goes to
+        the GPU it shares most traffic with, so only the other adapters move; within the moves and restarts
+        budget."""
         by_load = sorted(self.slots, key=lambda s: self.load(s.shares))
-        for k in sorted({excess + 1, 2 * excess + 2, 4 * excess + 4}):
-            if k > len(by_load):
-                break
-            chosen = by_load[:k]
+        k = excess + 1
+        while k <= len(by_load):
+            chosen, k = by_load[:k], 2 * k
             pooled: dict[int, float] = {}
             for slot in chosen:
                 for i, share in slot.shares.items():
                     pooled[i] = pooled.get(i, 0.0) + share
             try:
-                groups, rows = self.packed(list(pooled.items()), k - 1)
+                groups, rows = self.packed(list(pooled.items()), len(chosen) - 1)
             except InfeasibleError:
                 continue
-            if self.take_over(chosen, groups, rows):
-                self.log(f"consolidation: packed the adapters of the {k} least-loaded GPUs onto {len(groups)}; "
+            if self.take_over(chosen, groups, rows, "consolidation: its GPU was emptied to save a GPU"):
+                self.log(f"consolidation: packed the adapters of the {len(chosen)} least-loaded GPUs onto {len(groups)}; "
                          f"{len(self.slots)} GPUs")
                 return True
         return False
 
-    def take_over(self, chosen: list[_Slot], groups: list[GpuGroup], rows: list[dict | None]) -> bool:
+    def take_over(self, chosen: list[_Slot], groups: list[GpuGroup], rows: list[dict | None], why: str) -> bool:
         """Put ``groups`` on ``chosen`` GPUs (the most shared traffic first; the GPUs left over are emptied) if
-        the moves and restarts this takes fit the budget; False leaves everything as it was."""
+        the moves and restarts this takes fit the budget; a moved adapter's reason is ``why``. False leaves
+        everything as it was."""
         overlap = [[sum(min(g.shares.get(i, 0.0), sh) * self.req.arriving_tok_s[i] for i, sh in s.shares.items())
                     for s in chosen] for g in groups]
         pairs = sorted(((overlap[a][b], a, b) for a in range(len(groups)) for b in range(len(chosen))), reverse=True)
@@ -399,7 +407,7 @@ class _Replan:
         for a, b in home.items():
             slot, group = chosen[b], groups[a]
             slot.shares, slot.row, slot.changed = dict(group.shares), rows[a], True
-            self.restart(slot, group.a_max, "consolidation: it took the adapters of GPUs emptied to save a GPU")
+            self.restart(slot, group.a_max, f"it took a new group of adapters ({why})")
         over_budget = len(moved - set(self.moves)) > self.moves_left() or (
             self.budget.max_restarts is not None and self.restarts > self.budget.max_restarts)
         if over_budget:
@@ -407,7 +415,7 @@ class _Replan:
                 slot.restore(saved[id(slot)])
             return False
         for i in moved:
-            self.moves.setdefault(i, "consolidation: its GPU was emptied to save a GPU")
+            self.moves.setdefault(i, why)
         for b, slot in enumerate(chosen):
             if b not in home.values():
                 slot.shares = {}
@@ -483,8 +491,8 @@ def replan(previous: Placement, workload_path, req: PackRequest, split_hot: bool
             work.restart(s, verdict.a_max if verdict.ok else max(1, a_max_limit(req.kv, req.ranks[list(s.shares)])),
                          "the engine as started no longer fits the profile's memory or the adapters' ranks")
     work.repair()
-    fresh, _ = work.packed(None, req.max_gpus)
-    work.consolidate(len(fresh))
+    fresh, fresh_rows = work.packed(None, req.max_gpus)
+    work.consolidate(fresh, fresh_rows)
     if len(work.slots) > req.max_gpus:
         raise InfeasibleError(f"the re-plan needs {len(work.slots)} GPUs, more than the "
                               f"{req.max_gpus} allowed by --gpus")

@@ -2,9 +2,9 @@
 
 Checks out ``--against`` (a commit, branch or tag) into a temporary git worktree and runs, in each tree
 with this Python, ``planner plan --predictor twin --json`` (the twin packs and judges: no surrogate
-artifact in the comparison) and ``planner simulate --a-max 8 --json`` on every example workload of
-``datasets/workloads/``. Outputs are compared after dropping what a run cannot repeat: wall times and
-the creation time. Identical outputs mean the code between the two commits did not change what the
+artifact in the comparison) and ``planner simulate --a-max 8 --json`` (stock vLLM, each other serving
+policy, and ELORA on multi-turn chat) on every example workload of ``datasets/workloads/``. Outputs are
+compared after dropping what a run cannot repeat: wall times and the creation time. Identical outputs mean the code between the two commits did not change what the
 planner and the twin compute.
 
     python -m benchmarks.placement.same_outputs --against 49ba7c3   # -> artifacts/benchmarks/same_outputs.json
@@ -23,6 +23,7 @@ from benchmarks.record import result_path, write_result
 
 ROOT = Path(__file__).resolve().parents[2]
 UNREPEATABLE = {"wall_s", "plan_wall_s", "sim_wall_s", "created_utc"}
+POLICIES = ("slora", "chameleon", "toppings", "elora")
 
 
 def _strip(obj):
@@ -37,8 +38,13 @@ def outputs(tree: Path) -> dict[str, object]:
     """Every command's JSON output in ``tree``, less what cannot repeat."""
     out = {}
     for csv in sorted((ROOT / "datasets" / "workloads").glob("*.csv")):
-        for name, args in (("plan", ["plan", str(csv), "--predictor", "twin", "--json"]),
-                           ("simulate", ["simulate", str(csv), "--a-max", "8", "--json"])):
+        runs = [("plan", ["plan", str(csv), "--predictor", "twin", "--json"]),
+                ("simulate", ["simulate", str(csv), "--a-max", "8", "--json"])]
+        runs += [(f"simulate --policy {p}", ["simulate", str(csv), "--a-max", "8", "--policy", p, "--json"])
+                 for p in POLICIES]
+        runs.append(("simulate --policy elora --turns 3", ["simulate", str(csv), "--a-max", "8", "--policy", "elora",
+                                                            "--turns", "3", "--json"]))
+        for name, args in runs:
             proc = subprocess.run([sys.executable, "-m", "planner.cli", *args], cwd=tree, capture_output=True,
                                   text=True, stdin=subprocess.DEVNULL, check=False)
             out[f"{name} {csv.name}"] = (_strip(json.loads(proc.stdout)) if proc.returncode == 0
