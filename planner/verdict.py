@@ -12,14 +12,15 @@ GPU ``bar.slowdown`` times slower than the profile says, and the GPU passes when
   requests it finished) and p99 time per output token within ``max_tpot_ms``; an adapter's own SLO
   (the workload's ``max_ttft_s`` / ``max_tpot_ms`` columns) tightens it for the GPU that serves it.
 
-A GPU near the edge, where one arrival seed can pass what another fails, must also pass with
-:data:`EDGE_LOAD` times its traffic (arrival seed :data:`EDGE_SEED`); its figures are then the worse of the
-two runs (throughput and arriving tokens are the first run's). Near the edge is serving under
-:data:`CONFIRM_RATIO`, a p99 TTFT above :data:`NEAR_TTFT` of its limit, or a p99 TPOT above :data:`NEAR_TPOT`
-of its limit: close to a GPU's capacity its steps grow long (TPOT) and p99 TTFT jumps from tenths of a
-second to many seconds from one arrival seed to the next (a GPU of 64 rank-32 adapters judged at 0.29 s and
-133 ms TPOT took 6.4 s with another seed, and 14-35 s with 5 % more traffic whatever the seed): a little more
-load shows where the knee is.
+Every GPU that passes must also pass with :data:`EDGE_LOAD` times its traffic (arrival seed
+:data:`EDGE_SEED`); its figures are then the worse of the two runs (throughput and arriving tokens are the
+first run's). Close to a GPU's capacity p99 TTFT jumps from tenths of a second to many seconds from one
+arrival seed to the next (a GPU of 64 rank-32 adapters judged at 0.29 s and 133 ms TPOT took 6.4 s with
+another seed, and 14-35 s with 5 % more traffic whatever the seed), and the first run does not always show
+it: on random 2,000-adapter plans with mixed request lengths, GPUs judged at 0.2-0.5 s p99 TTFT, well
+inside the limit and with low TPOT, missed it in 1 of 6 other simulated hours, and with 5 % more traffic
+took 2-18 s (``python -m benchmarks.fidelity.ttft_seed_spread``). A little more load shows where the
+knee is, for every GPU.
 
 The default SLO, p99 TTFT <= 2 s and p99 TPOT <= 200 ms, is the interactive bound MLCommons sets for
 its LLM server benchmarks (MLPerf Inference, Llama-2-70B server scenario): a user sees the first token
@@ -49,13 +50,10 @@ CONFIRM_SEED = 0
 #: noise between one arrival seed and another (GPUs at 0.914 and 0.946 with seed 0 fell below 0.9 with seed
 #: 1). Rounded: 0.9 + 0.05 is 0.9500000000000001 in floating point.
 CONFIRM_RATIO = round(STARVATION_THRESHOLD + 0.05, 9)
-#: A GPU near the edge must also pass with this much more traffic, drawn with this seed (it differs from
+#: A GPU must also pass with this much more traffic, drawn with this seed (it differs from
 #: ``planner evaluate --seed`` 1, which benchmarks use as an independent check).
 EDGE_LOAD = 1.05
 EDGE_SEED = 101
-#: Near the edge: p99 TTFT above this share of its limit, p99 TPOT above this share of its own.
-NEAR_TTFT = 0.25
-NEAR_TPOT = 0.6
 DEFAULT_MAX_TTFT_S = 2.0
 DEFAULT_MAX_TPOT_MS = 200.0
 OBJECTIVES = ("slo", "throughput")
@@ -141,15 +139,10 @@ class TwinCheck:
     itl_ms_mean: np.ndarray
     max_ttft_ms: np.ndarray  # the GPU's limits (inf: none)
     max_tpot_ms: np.ndarray
-    edge_checked: np.ndarray  # bool: near the edge, so also run at EDGE_LOAD x its traffic
+    edge_checked: np.ndarray  # bool: also run at EDGE_LOAD x its traffic (it passed the first run)
 
     def keeps_up(self, bar: ServiceBar) -> np.ndarray:
         return self.ratio >= bar.min_served
-
-    def near_edge(self) -> np.ndarray:
-        """GPUs where another arrival seed may tell otherwise (module docstring)."""
-        return ((self.ratio < CONFIRM_RATIO) | (self.ttft_ms_p99 > NEAR_TTFT * self.max_ttft_ms)
-                | (self.tpot_ms_p99 > NEAR_TPOT * self.max_tpot_ms))
 
     def meets(self, bar: ServiceBar) -> np.ndarray:
         return self.keeps_up(bar) & self.meets_latency()
@@ -235,10 +228,10 @@ DEFAULT_RUN = TwinRun()
 
 def twin_check(profile, policy, scenarios: list[GpuScenario], bar: ServiceBar, run: TwinRun = DEFAULT_RUN,
                progress: Callable[[int, int], None] | None = None) -> TwinCheck:
-    """Simulate each GPU with the run's seed; judging with the plan's own seed, run those that pass near the
-    edge again at :data:`EDGE_LOAD` x their traffic, and keep the worse figures (module docstring)."""
+    """Simulate each GPU with the run's seed; judging with the plan's own seed, run those that pass again at
+    :data:`EDGE_LOAD` x their traffic, and keep the worse figures (module docstring)."""
     check = check_of(run.predictor(profile, policy, bar.slowdown, progress=progress).predict(scenarios), scenarios)
-    again = check.meets(bar) & check.near_edge()
+    again = check.meets(bar)
     if run.seed != CONFIRM_SEED or not again.any():
         return check
     more = [replace(sc, rates_rps=sc.rates_rps * EDGE_LOAD) for sc, a in zip(scenarios, again) if a]
