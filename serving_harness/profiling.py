@@ -16,7 +16,9 @@ finished ones, so an interrupted profile resumes) are the smallest set that fixe
 * ``lora``: the same with the B requests spread over A_B adapters (A_B ≤ A_max); the step time above
   the backbone's → the additive LoRA term l0 + l1·B + l2·A_B (k6 = 0, k7 = 100). Its batches span the
   backbone's (the CLI takes the smallest of at least 8, the middle and the largest): on an H100 a fit
-  over 8–64 gave l1 < 0, a negative LoRA overhead at the 512 requests of a loaded engine.
+  over 8–64 gave l1 < 0, a negative LoRA overhead at the 512 requests of a loaded engine. The fit keeps
+  each term >= 0 (a plain fit on a noisy CPU gave l0 = -23 ms: a one-request step costing less than
+  nothing).
 * ``load-r<R>``: ``--max-loras 1``; single requests alternating between two adapters of rank r
   (each request swaps the GPU slot) against requests repeating one adapter: the TTFT difference is
   the slot activation (load) latency for (max_lora_rank R, adapter rank r).
@@ -442,6 +444,22 @@ def _ols(columns: list[np.ndarray], y: np.ndarray) -> np.ndarray:
     return coef
 
 
+def _nonnegative_ols(columns: list[np.ndarray], y: np.ndarray) -> np.ndarray:
+    """Least squares with every coefficient >= 0 (each is a cost), exactly: the best least-squares fit over
+    the subsets of columns whose own fit is non-negative (a handful of columns: every subset is tried)."""
+    best, best_sse = np.zeros(len(columns)), float(y @ y)
+    for mask in range(1, 2 ** len(columns)):
+        keep = [j for j in range(len(columns)) if mask >> j & 1]
+        coef = _ols([columns[j] for j in keep], y)
+        if (coef >= 0).all():
+            full = np.zeros(len(columns))
+            full[keep] = coef
+            sse = float(((np.column_stack(columns) @ full - y) ** 2).sum())
+            if sse < best_sse:
+                best, best_sse = full, sse
+    return best
+
+
 def _kv_grid(spec: ProfileSpec, raw: dict[str, dict]) -> tuple[dict, dict, int]:
     """(tokens by rank over the A_max points, start-up failures by rank, block size) from the KV experiments:
     measured at every point, or, lean, derived from the one LoRA engine's (:func:`lean_kv_tokens`)."""
@@ -483,7 +501,11 @@ def fit_profile(spec: ProfileSpec, raw: dict[str, dict], provenance: dict, descr
     la = np.array([r["adapters"] for r in lr], float)
     # Above the backbone the profile keeps (clipped), so backbone + LoRA terms give the measured step.
     resid = np.array([r["step_ms"] for r in lr]) - (costs["k5_ms"] + costs["k4_ms_per_request"] * lb)
-    l0, l1, l2 = _ols([np.ones_like(lb), lb, la], resid)
+    lora_columns = [np.ones_like(lb), lb, la]
+    l0, l1, l2 = _nonnegative_ols(lora_columns, resid)
+    if (_ols(lora_columns, resid) < 0).any():
+        warnings.append("l0..l2: the plain fit had a negative term (measurement noise); refitted with every "
+                        "term >= 0, so no step costs less than the backbone's")
 
     tokens, failures, block_size = _kv_grid(spec, raw)
     load: dict[str, dict[str, float]] = {}
@@ -514,8 +536,8 @@ def fit_profile(spec: ProfileSpec, raw: dict[str, dict], provenance: dict, descr
             "kp_ms_per_prompt_token": costs["kp_ms_per_prompt_token"], "k6_pct_per_adapter": 0.0, "k7_pct": 100.0,
             "l0_ms": float(l0), "l1_ms_per_request": float(l1), "l2_ms_per_adapter": float(l2),
             "source": "k4,k5: OLS of the decode step time on batch size (backbone); kp: TTFT slope in prompt "
-                      "tokens (prefill); l0..l2: OLS of the step time above the backbone on (batch, distinct "
-                      "adapters) (lora)",
+                      "tokens (prefill); l0..l2: least squares, each >= 0, of the step time above the backbone "
+                      "on (batch, distinct adapters) (lora)",
         },
         "scheduler_overhead_us": {
             "k1_us_per_running": 0.0, "k2_us_per_waiting": costs["k2_us_per_waiting"],

@@ -2,10 +2,11 @@
 
 Checks out ``--against`` (a commit, branch or tag) into a temporary git worktree and runs, in each tree
 with this Python, ``planner plan --predictor twin --json`` (the twin packs and judges: no surrogate
-artifact in the comparison) and ``planner simulate --a-max 8 --json`` (stock vLLM, each other serving
-policy, and ELORA on multi-turn chat) on every example workload of ``datasets/workloads/``. Outputs are
-compared after dropping what a run cannot repeat: wall times and the creation time. Identical outputs mean the code between the two commits did not change what the
-planner and the twin compute.
+artifact in the comparison) and ``planner simulate --a-max 8 --json`` (stock vLLM; each other serving
+policy, and ELORA on multi-turn chat, for 600 simulated s) on every example workload of
+``datasets/workloads/``. Outputs are compared after dropping what a run cannot repeat: wall times and the
+creation time. Identical outputs mean the code between the two commits did not change what the planner
+and the twin compute.
 
     python -m benchmarks.placement.same_outputs --against 49ba7c3   # -> artifacts/benchmarks/same_outputs.json
 """
@@ -40,10 +41,11 @@ def outputs(tree: Path) -> dict[str, object]:
     for csv in sorted((ROOT / "datasets" / "workloads").glob("*.csv")):
         runs = [("plan", ["plan", str(csv), "--predictor", "twin", "--json"]),
                 ("simulate", ["simulate", str(csv), "--a-max", "8", "--json"])]
-        runs += [(f"simulate --policy {p}", ["simulate", str(csv), "--a-max", "8", "--policy", p, "--json"])
-                 for p in POLICIES]
-        runs.append(("simulate --policy elora --turns 3", ["simulate", str(csv), "--a-max", "8", "--policy", "elora",
-                                                            "--turns", "3", "--json"]))
+        # The policy loops scan their queues each step: 10 simulated minutes keep overloaded workloads quick.
+        short = ["--a-max", "8", "--duration", "600", "--json"]
+        runs += [(f"simulate --policy {p}", ["simulate", str(csv), "--policy", p, *short]) for p in POLICIES]
+        runs.append(("simulate --policy elora --turns 3", ["simulate", str(csv), "--policy", "elora", "--turns", "3",
+                                                            *short]))
         for name, args in runs:
             proc = subprocess.run([sys.executable, "-m", "planner.cli", *args], cwd=tree, capture_output=True,
                                   text=True, stdin=subprocess.DEVNULL, check=False)
