@@ -186,11 +186,11 @@ def evaluate(placement_file, workload, profile_id, duration, seed, arrivals, pol
             click.echo(f"serving policy {policy_label(ev.policy)}")
         click.echo(f"each GPU must: {bar.describe()} (twin: {duration:g} s, seed {seed})")
         for i in ev.instances:
-            if not i.memory_ok:
-                state = click.style("MEMORY ERROR", fg="red")
+            f = i.figures
+            if f is None:  # it never ran: a memory error, or no adapter to serve
+                state = click.style("MEMORY ERROR" if not i.memory_ok else "; ".join(i.misses), fg="red")
                 click.echo(f"{i.instance_id}: {i.adapters} adapters, --max-loras {i.a_max}: {state}")
                 continue
-            f = i.figures
             state = click.style("ok", fg="green") if i.ok else click.style("MISSES: " + "; ".join(i.misses), fg="red")
             click.echo(f"{i.instance_id}: {i.adapters} adapters, --max-loras {i.a_max}: serves {f['served']:.1%} of "
                        f"{i.arriving_tok_s:,.0f} tok/s, p99 TTFT {_seconds(f['ttft_ms_p99'])}, p99 TPOT "

@@ -117,9 +117,11 @@ def evaluate_placement(placement: Placement, workload: Workload, profile: Profil
     for k, (inst, sc) in enumerate(zip(placement.instances, scenarios)):
         j = starts.index(k) if k in starts else None
         figures = None if j is None else check.row(j, bar)
-        misses = ["would not start (memory error)"] if j is None else check.misses(j, bar)
+        memory_ok = capacity.tokens_for(inst.a_max, inst.max_lora_rank) is not None
+        misses = (check.misses(j, bar) if j is not None else ["would not start (memory error)"] if not memory_ok
+                  else ["serves no adapter (a GPU the plan should not have)"])
         out.append(InstanceEvaluation(inst.instance_id, len(inst.adapters), inst.a_max, inst.max_lora_rank,
-                                      j is not None, inst.predicted_throughput_tok_s, sc.arriving_tok_s, figures,
+                                      memory_ok, inst.predicted_throughput_tok_s, sc.arriving_tok_s, figures,
                                       misses))
     placed = {aid for inst in placement.instances for aid in inst.adapters}
     unplaced = [a.adapter_id for a in workload.adapters if a.adapter_id not in placed]

@@ -191,7 +191,7 @@ class _Replan:
                 s.row = row
             todo = [s for s, good in zip(todo, ok) if not good]
             if not todo:
-                return
+                break
             self.log(f"re-plan: {len(todo)} GPU(s) fall short with the new traffic; repairing them (round {rounds})")
             for s in todo:
                 self.shed(s, rounds, everything=rounds == REPAIR_ROUNDS)
@@ -493,10 +493,16 @@ def replan(previous: Placement, workload_path, req: PackRequest, split_hot: bool
     work.repair()
     fresh, fresh_rows = work.packed(None, req.max_gpus)
     work.consolidate(fresh, fresh_rows)
+    work.drop_empty()
     if len(work.slots) > req.max_gpus:
         raise InfeasibleError(f"the re-plan needs {len(work.slots)} GPUs, more than the "
                               f"{req.max_gpus} allowed by --gpus")
-    return _placement(previous, workload_path, req, work, len(fresh), bar if confirm else None)
+    placement = _placement(previous, workload_path, req, work, len(fresh), bar if confirm else None)
+    failing = [i.instance_id for i in placement.instances if not i.ok]
+    if confirm and failing:  # every step above keeps only GPUs the twin passed: this is a bug's safety net
+        raise InfeasibleError(f"the re-plan has {len(failing)} GPU(s) that fail in the twin "
+                              f"({', '.join(failing[:5])}); the previous plan is left as it was")
+    return placement
 
 
 def _placement(previous: Placement, workload_path, req: PackRequest, work: _Replan, fresh_gpus: int,

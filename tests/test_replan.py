@@ -127,3 +127,30 @@ def test_a_replan_renders_as_launch_commands(tmp_path):
     assert res.exit_code == 0 and res.output.count("vllm.entrypoints.openai.api_server") == len(
         json.loads(plan.read_text())["instances"])
     assert _run("render", plan, "--format", "vllm").output == _run("render", plan, "--format", "vllm").output
+
+
+def test_a_gpu_left_with_nothing_is_dropped_not_kept_empty(tmp_path):
+    """A hot adapter split over replicas, each GPU serving one share of it: the next day it is half as busy
+    again, every replica falls short and gives up its one adapter while every other GPU passes. The repair
+    must drop those emptied GPUs (it once returned early, keeping them empty with their stale failing
+    figures, and such a re-plan exited 0 with a GPU that serves nothing)."""
+    from models.predictor import load_predictor
+    from planner.placement import read_placement
+    from planner.plan import PlanOptions, pack_request
+    from planner.replan import ChurnBudget, _Judge, _Replan
+    from planner.verdict import DEFAULT_BAR, DEFAULT_RUN
+    from twin import load_profile
+    from twin.workload import Adapter
+
+    light = family_workload("log-uniform", 30, 0).adapters
+    _csv, plan = _plan(tmp_path, Workload((Adapter("hot", 8, 50.0), *light)))
+    previous = read_placement(plan)
+    replicas = [i.instance_id for i in previous.instances if list(i.adapters) == ["hot"]]
+    assert len(replicas) >= 2
+    profile = load_profile()
+    req = pack_request(Workload((Adapter("hot", 8, 75.0), *light)), profile, load_predictor(profile, "surrogate"),
+                       PlanOptions())
+    work = _Replan(previous, req, _Judge(req, DEFAULT_RUN, DEFAULT_BAR, True), ChurnBudget(), True, None)
+    work.fix_short()
+    assert all(s.shares for s in work.slots)
+    assert {f.instance_id for f in work.freed} == set(replicas)  # free for new groups to take over
