@@ -109,19 +109,19 @@ def evaluate_placement(placement: Placement, workload: Workload, profile: Profil
     capacity = kv_capacity(profile, policy)
     groups = [GpuGroup({index[a]: s for a, s in inst.adapters.items()}, inst.a_max, inst.max_lora_rank)
               for inst in placement.instances]
-    starts = [k for k, inst in enumerate(placement.instances)
-              if inst.adapters and capacity.tokens_for(inst.a_max, inst.max_lora_rank) is not None]
+    memory_ok = [capacity.tokens_for(inst.a_max, inst.max_lora_rank) is not None for inst in placement.instances]
+    starts = [k for k, inst in enumerate(placement.instances) if inst.adapters and memory_ok[k]]
     scenarios = [group_scenario(req, g.shares, g.a_max, max_lora_rank=g.max_lora_rank) for g in groups]
     check = twin_check(profile, policy, [scenarios[k] for k in starts], bar, run, progress)
     out = []
+    row_of = {k: j for j, k in enumerate(starts)}
     for k, (inst, sc) in enumerate(zip(placement.instances, scenarios)):
-        j = starts.index(k) if k in starts else None
+        j = row_of.get(k)
         figures = None if j is None else check.row(j, bar)
-        memory_ok = capacity.tokens_for(inst.a_max, inst.max_lora_rank) is not None
-        misses = (check.misses(j, bar) if j is not None else ["would not start (memory error)"] if not memory_ok
+        misses = (check.misses(j, bar) if j is not None else ["would not start (memory error)"] if not memory_ok[k]
                   else ["serves no adapter (a GPU the plan should not have)"])
         out.append(InstanceEvaluation(inst.instance_id, len(inst.adapters), inst.a_max, inst.max_lora_rank,
-                                      memory_ok, inst.predicted_throughput_tok_s, sc.arriving_tok_s, figures,
+                                      memory_ok[k], inst.predicted_throughput_tok_s, sc.arriving_tok_s, figures,
                                       misses))
     placed = {aid for inst in placement.instances for aid in inst.adapters}
     unplaced = [a.adapter_id for a in workload.adapters if a.adapter_id not in placed]

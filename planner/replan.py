@@ -394,15 +394,10 @@ class _Replan:
         """Put ``groups`` on ``chosen`` GPUs (the most shared traffic first; the GPUs left over are emptied) if
         the moves and restarts this takes fit the budget; a moved adapter's reason is ``why``. False leaves
         everything as it was."""
-        overlap = [[sum(min(g.shares.get(i, 0.0), sh) * self.req.arriving_tok_s[i] for i, sh in s.shares.items())
-                    for s in chosen] for g in groups]
-        pairs = sorted(((overlap[a][b], a, b) for a in range(len(groups)) for b in range(len(chosen))), reverse=True)
-        home: dict[int, int] = {}
-        for _, a, b in pairs:
-            if a not in home and b not in home.values():
-                home[a] = b
+        home = self.homes(chosen, groups)
+        group_on = {b: a for a, b in home.items()}
         moved = {i for b, slot in enumerate(chosen) if slot.prev is not None for i in slot.shares
-                 if not any(home[a] == b and i in groups[a].shares for a in home)}
+                 if b not in group_on or i not in groups[group_on[b]].shares}
         saved = {id(s): s.state() for s in chosen}
         for a, b in home.items():
             slot, group = chosen[b], groups[a]
@@ -417,10 +412,35 @@ class _Replan:
         for i in moved:
             self.moves.setdefault(i, why)
         for b, slot in enumerate(chosen):
-            if b not in home.values():
+            if b not in group_on:
                 slot.shares = {}
                 self.drop(slot)
         return True
+
+    def homes(self, chosen: list[_Slot], groups: list[GpuGroup]) -> dict[int, int]:
+        """Group index -> index of the GPU in ``chosen`` it goes to: greedily, the pair sharing the most traffic
+        first; groups sharing none with any GPU left take the free GPUs last. Only pairs that share an adapter
+        are scored, so a fleet-wide take-over costs the adapters' count, not groups x GPUs."""
+        of_adapter: dict[int, list[tuple[int, float]]] = {}
+        for a, g in enumerate(groups):
+            for i, share in g.shares.items():
+                of_adapter.setdefault(i, []).append((a, share))
+        overlap: dict[tuple[int, int], float] = {}
+        for b, slot in enumerate(chosen):
+            for i, held in slot.shares.items():
+                for a, share in of_adapter.get(i, ()):
+                    overlap[a, b] = overlap.get((a, b), 0.0) + min(share, held) * self.req.arriving_tok_s[i]
+        home: dict[int, int] = {}
+        taken: set[int] = set()
+        for _, a, b in sorted(((v, a, b) for (a, b), v in overlap.items() if v > 0), reverse=True):
+            if a not in home and b not in taken:
+                home[a] = b
+                taken.add(b)
+        free = [b for b in range(len(chosen)) if b not in taken]
+        for a in reversed(range(len(groups))):
+            if a not in home:
+                home[a] = free.pop()
+        return home
 
     def absorb(self, victim: _Slot, others: list[_Slot]) -> bool:
         """Move every adapter of ``victim`` onto ``others`` (changing them in place): each to a GPU the
