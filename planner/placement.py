@@ -30,6 +30,10 @@ from twin.simulate import STARVATION_THRESHOLD
 SCHEMA_VERSION = 1
 
 
+#: Traffic shares and router weights are written to this many decimals.
+SHARE_DECIMALS = 6
+
+
 @dataclass
 class InstancePlan:
     instance_id: str
@@ -69,7 +73,7 @@ class Placement:
         out: dict[str, list[dict[str, Any]]] = {a["adapter_id"]: [] for a in self.adapters}
         for inst in self.instances:
             for aid, share in inst.adapters.items():
-                out[aid].append({"instance_id": inst.instance_id, "weight": round(share, 6)})
+                out[aid].append({"instance_id": inst.instance_id, "weight": round(share, SHARE_DECIMALS)})
         return out
 
     def engine_args(self, inst: InstancePlan) -> dict[str, Any]:
@@ -84,7 +88,7 @@ class Placement:
         instances = []
         for inst in self.instances:
             d = asdict(inst)
-            d["adapters"] = [{"adapter_id": a, "share": round(s, 6)} for a, s in inst.adapters.items()]
+            d["adapters"] = [{"adapter_id": a, "share": round(s, SHARE_DECIMALS)} for a, s in inst.adapters.items()]
             d["memory_ok"] = inst.memory_ok
             d["engine_args"] = self.engine_args(inst)
             instances.append(d)

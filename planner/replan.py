@@ -50,6 +50,7 @@ from planner.confirm import Progress, check_groups, pack_confirmed, scenarios_of
 from planner.greedy import plan_greedy
 from planner.packing import GpuGroup, PackRequest, a_max_limit, best_a_max, keeps_up, passing
 from planner.placement import (
+    SHARE_DECIMALS,
     InstancePlan,
     Placement,
     adapter_rows,
@@ -153,7 +154,7 @@ class _Replan:
         index = {a.adapter_id: i for i, a in enumerate(req.workload.adapters)}
         self.slots: list[_Slot] = []
         self.freed: list[InstancePlan] = []  # previous instances left with nothing
-        served = np.zeros(len(index))
+        served, replicas = np.zeros(len(index)), np.zeros(len(index))
         for prev in previous.instances:
             shares = {index[a]: s for a, s in prev.adapters.items() if a in index}
             if not shares:
@@ -162,7 +163,11 @@ class _Replan:
             self.slots.append(_Slot.kept(prev, shares))
             for i, s in shares.items():
                 served[i] += s
-        self.pending: dict[int, float] = {int(i): float(1.0 - s) for i, s in enumerate(served) if 1.0 - s > _SHARE_EPS}
+                replicas[i] += 1
+        # Shares were written rounded: three replicas of a third read back as 0.999999, served in full, not
+        # a 1e-6 share to place on another GPU (a re-plan of the same workload must change nothing).
+        written = replicas * 0.5 * 10.0 ** -SHARE_DECIMALS + _SHARE_EPS
+        self.pending: dict[int, float] = {int(i): float(1.0 - s) for i, s in enumerate(served) if 1.0 - s > written[i]}
         self.moves: dict[int, str] = {}  # adapter index -> why it left its previous GPU
 
     def log(self, msg: str) -> None:

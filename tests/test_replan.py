@@ -41,6 +41,23 @@ def test_the_same_workload_changes_nothing(tmp_path):
     assert ch["removed_instances"] == [] and all(not c["load"] and not c["unload"] for c in ch["instances"])
 
 
+def test_the_same_workload_with_a_hot_adapter_in_thirds_changes_nothing(tmp_path):
+    """Three replicas of a third are written as 0.333333 each: read back they serve the adapter in full, not
+    leave a 0.000001 share to place on a fourth GPU."""
+    from twin.workload import Adapter
+
+    wl = Workload((Adapter("hot", 8, 75.0), *family_workload("log-uniform", 30, 0).adapters))
+    csv, plan = _plan(tmp_path, wl)
+    shares = [a["share"] for i in json.loads(plan.read_text())["instances"] for a in i["adapters"]
+              if a["adapter_id"] == "hot"]
+    assert len(shares) == 3 and sum(shares) < 1.0
+    res = _run("replan", csv, "--previous", plan, "--out", tmp_path / "same.json", "--json")
+    assert res.exit_code == 0, res.output
+    ch = json.loads(res.stdout)["changes"]
+    assert ch["moved_adapters"] == [] and ch["new_instances"] == []
+    assert all(not c["load"] and not c["unload"] for c in ch["instances"])
+
+
 def test_a_busier_day_is_repaired_and_every_move_and_restart_says_why(tmp_path):
     """10 % of the adapters three times as busy, 5 % gone, 5 % new."""
     wl = family_workload("log-uniform", 400, 3)
