@@ -46,16 +46,12 @@ class TwinPredictor:
         one = partial(_simulate, self.profile.slowed(self.slowdown), self.duration_s, self.seed, self.policy,
                       self.arrivals)
         if self.jobs > 1 and n > 1:
-            ctx = multiprocessing.get_context("fork")  # workers inherit the compiled twin: no start-up compile
-            pool = ProcessPoolExecutor(min(self.jobs, n), mp_context=ctx, initializer=die_with_parent)
+            pool = worker_pool(self.jobs)
             try:
                 out = self._collect(pool.map(one, scenarios, chunksize=max(1, n // (8 * self.jobs))), n)
             except BaseException:  # Ctrl-C or an error: drop the queued scenarios instead of finishing them
-                pool.shutdown(wait=False, cancel_futures=True)
-                for proc in list(getattr(pool, "_processes", {}).values()):
-                    proc.kill()
+                close_worker_pool(kill=True)
                 raise
-            pool.shutdown()
         else:
             out = self._collect(map(one, scenarios), n)
         res = np.array(out, float).reshape(n, 5)
@@ -70,6 +66,30 @@ class TwinPredictor:
             if self.progress:
                 self.progress(len(out), n)
         return out
+
+
+_POOL: dict[int, ProcessPoolExecutor] = {}
+
+
+def worker_pool(jobs: int) -> ProcessPoolExecutor:
+    """This process's pool of ``jobs`` forked twin workers, started on first use and kept: a plan asks the
+    twin hundreds of times (a twin-packed GPU alone asks it dozens of times), and forking a pool per call
+    cost a second of a 10,000-adapter plan."""
+    if jobs not in _POOL:
+        close_worker_pool()
+        ctx = multiprocessing.get_context("fork")  # workers inherit the compiled twin: no start-up compile
+        _POOL[jobs] = ProcessPoolExecutor(jobs, mp_context=ctx, initializer=die_with_parent)
+    return _POOL[jobs]
+
+
+def close_worker_pool(kill: bool = False) -> None:
+    """Shut the workers down (``kill``: at once, dropping queued work)."""
+    for pool in _POOL.values():
+        pool.shutdown(wait=not kill, cancel_futures=True)
+        if kill:
+            for proc in list((getattr(pool, "_processes", None) or {}).values()):
+                proc.kill()
+    _POOL.clear()
 
 
 def die_with_parent() -> None:

@@ -145,13 +145,16 @@ def plan(workload, profile_id, gpus, algorithm, predictor_kind, policy, policy_p
               help="Simulated seconds of arrivals per GPU.")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Arrival seed; the plan was judged with 0, another is an independent check.")
+@click.option("--load", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Simulate this multiple of the workload's traffic [with the plan's seed: the plan's own, 1.05 "
+                   "(its margin for the arrival seed); with another seed: 1, the traffic itself].")
 @click.option("--arrivals", type=click.Choice(["poisson", "unpredictable"]), default="poisson", show_default=True)
 @policy_options(default=None, default_help="; default: the one the plan was made for")
 @slo_options
 @click.option("--jobs", type=click.IntRange(min=1), default=None, help="Processes simulating GPUs [CPU cores].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @user_errors
-def evaluate(placement_file, workload, profile_id, duration, seed, arrivals, policy, policy_params, objective,
+def evaluate(placement_file, workload, profile_id, duration, seed, load, arrivals, policy, policy_params, objective,
              max_ttft, max_tpot, min_served, slowdown, jobs, as_json) -> None:
     """Judge every GPU of PLACEMENT.json in the digital twin with WORKLOAD's traffic, by the plan's rule.
 
@@ -162,7 +165,7 @@ def evaluate(placement_file, workload, profile_id, duration, seed, arrivals, pol
     is not placed. The GPUs run the serving policy the plan records (stock vLLM if none) unless
     --policy says otherwise; --policy-param alone overrides parameters of the recorded one.
     """
-    from planner.evaluate import evaluate_placement, plan_bar
+    from planner.evaluate import evaluate_placement, plan_bar, plan_load
     from planner.placement import read_placement
     from planner.verdict import TwinRun
     from planner.workload_csv import read_workload
@@ -175,7 +178,8 @@ def evaluate(placement_file, workload, profile_id, duration, seed, arrivals, pol
     objective_given = click.get_current_context().get_parameter_source("objective").name != "DEFAULT"
     bar = plan_bar(placement, profile, objective=objective if objective_given else None, min_served=min_served,
                    max_ttft_s=max_ttft, max_tpot_ms=max_tpot, slowdown=slowdown)
-    run = TwinRun(duration, seed, UnpredictableArrivals() if arrivals == "unpredictable" else None, jobs_or_cores(jobs))
+    run = TwinRun(duration, seed, plan_load(placement, seed) if load is None else load,
+                  UnpredictableArrivals() if arrivals == "unpredictable" else None, jobs_or_cores(jobs))
     spec = policy_from_cli(policy, policy_params, placement.inputs.get("policy"))
     ev = evaluate_placement(placement, wl, profile, bar, run, spec,
                             progress=counter("twin", unit="GPU"))
@@ -184,7 +188,8 @@ def evaluate(placement_file, workload, profile_id, duration, seed, arrivals, pol
     else:
         if spec is not None:
             click.echo(f"serving policy {policy_label(ev.policy)}")
-        click.echo(f"each GPU must: {bar.describe()} (twin: {duration:g} s, seed {seed})")
+        click.echo(f"each GPU must: {bar.describe()} (twin: {duration:g} s, seed {seed}, "
+                   f"{'the traffic itself' if run.load == 1.0 else f'{run.load:g} x the traffic'})")
         for i in ev.instances:
             f = i.figures
             if f is None:  # it never ran: a memory error, or no adapter to serve

@@ -3,17 +3,16 @@
 A packer fills each GPU up to the edge its predictor draws, and a surrogate is a few per cent off the
 twin right at that edge, so some GPUs of a surrogate's plan fall short when simulated. Every GPU is
 therefore judged by the twin (:mod:`planner.verdict`, the very run `planner evaluate` makes), and the
-twin's figures are the plan's. The GPUs that pass are kept. A GPU that falls short is run at each other
-``--max-loras`` its memory starts with, and kept with the one that serves it best if that one passes
-(:func:`retune`): a predictor's error is not even over A_max. The adapters of the GPUs still short are
+twin's figures are the plan's. The GPUs that pass are kept. The adapters of the GPUs that fall short are
 packed again, each new GPU planned to keep up with (1 + margin) x its load (:attr:`PackRequest.margin`),
 the margin grown from the worst shortfall; only the GPUs packed anew are simulated again. Every packing
 asks its predictor for the confirmation's bar (:attr:`PackRequest.bar`), so an accurate predictor
 needs one round.
 
 After :data:`SURROGATE_ROUNDS` such rounds the adapters still short are packed by the twin itself
-(the judging run as the predictor, exact and slow), so the loop ends on any workload: a predictor that
-is wrong in a corner of the space it never saw costs time there, never a plan.
+(the judging run as the predictor, exact and slow; its GPUs pass by construction), so the loop ends on
+any workload: a predictor that is wrong in a corner of the space it never saw costs time there, never a
+plan.
 """
 
 from __future__ import annotations
@@ -26,14 +25,12 @@ from typing import Any
 import numpy as np
 
 from planner.greedy import Entry, plan_greedy
-from planner.packing import GpuGroup, PackRequest, a_max_candidates, group_scenario
+from planner.packing import GpuGroup, PackRequest, group_scenario
 from planner.prefix_search import shares_of
 from planner.verdict import (
     CONFIRM_RATIO,
     DEFAULT_BAR,
     DEFAULT_RUN,
-    EDGE_LOAD,
-    EDGE_SEED,
     ServiceBar,
     TwinCheck,
     TwinRun,
@@ -46,9 +43,10 @@ from twin.progress import counter
 #: the only shortfall is latency (a GPU that keeps up gives no throughput ratio to size the step).
 MIN_STEP = 0.04
 LATENCY_STEP = 0.05
-#: Packings by the plan's own predictor; then the twin packs what is still short.
-SURROGATE_ROUNDS = 3
-#: Packings in all (the twin's own packing holds by construction but for the extra seeds of a low bar).
+#: Packings by the plan's own predictor; then the twin packs what is still short. Each round repacks only
+#: the adapters of the GPUs short in the last, so rounds are cheap; the twin's packing is not.
+SURROGATE_ROUNDS = 6
+#: Packings in all (a bound: the twin's own packing passes by construction).
 MAX_ROUNDS = 8
 
 Progress = Callable[[str], None]
@@ -62,23 +60,6 @@ def check_groups(req: PackRequest, groups: list[GpuGroup], run: TwinRun, bar: Se
                  progress: Callable[[int, int], None] | None = None) -> TwinCheck:
     """The twin's verdict on ``groups`` (each at its planned A_max and max_lora_rank)."""
     return twin_check(req.profile, req.policy, scenarios_of(req, groups), bar, run, progress)
-
-
-def retune(req: PackRequest, groups: list[GpuGroup], run: TwinRun,
-           bar: ServiceBar) -> list[tuple[GpuGroup, dict] | None]:
-    """Per group: the same adapters at the other A_max candidate (``a_max_candidates``) that passes in the
-    twin with the highest served share (ties: the larger A_max), with its figures; None if none passes."""
-    trials = [(j, GpuGroup(dict(g.shares), a, g.max_lora_rank)) for j, g in enumerate(groups)
-              for a in a_max_candidates(req.kv, req.ranks[g.members], len(g)) if a != g.a_max]
-    out: list[tuple[GpuGroup, dict] | None] = [None] * len(groups)
-    best = [-1.0] * len(groups)
-    if not trials:
-        return out
-    check = check_groups(req, [t for _, t in trials], run, bar)
-    for k, ((j, trial), ok) in enumerate(zip(trials, check.meets(bar))):
-        if ok and check.ratio[k] >= best[j]:  # candidates ascend: a tie goes to the larger A_max
-            out[j], best[j] = (trial, check.row(k, bar)), float(check.ratio[k])
-    return out
 
 
 def repacking(req: PackRequest, margin: float, bar: ServiceBar) -> PackRequest:
@@ -105,7 +86,6 @@ class Confirmation:
     margin: float  # the largest load margin a GPU of the final plan was packed with
     rounds: int  # packings run (1: the first plan was confirmed as it was)
     repacked: int  # GPUs of earlier packings that fell short and had their adapters packed again
-    retuned: int  # GPUs that fell short and were kept with another A_max the twin confirmed
     twin_packed: int  # GPUs packed by the twin itself after the predictor's rounds
     rows: list[dict | None]  # per GPU of the final plan: its figures (TwinCheck.row); None: did not start
     wall_s: float
@@ -116,10 +96,9 @@ class Confirmation:
             return fn(values) if values else None
 
         return {
-            "by": "twin", "duration_s": self.run.duration_s, "seed": self.run.seed,
-            "near_the_edge": {"load": EDGE_LOAD, "seed": EDGE_SEED}, **self.bar.to_dict(),
+            **self.run.to_dict(), **self.bar.to_dict(),
             "margin": round(self.margin, 4), "rounds": self.rounds, "repacked_gpus": self.repacked,
-            "retuned_gpus": self.retuned, "twin_packed_gpus": self.twin_packed,
+            "twin_packed_gpus": self.twin_packed,
             "failing_gpus": sum(r is None or not r["meets"] for r in self.rows),
             "worst_served": worst("served", min), "worst_ttft_ms_p99": worst("ttft_ms_p99", max),
             "worst_tpot_ms_p99": worst("tpot_ms_p99", max), "wall_s": round(self.wall_s, 3),
@@ -137,7 +116,7 @@ def judged(req: PackRequest, groups: list[GpuGroup], run: TwinRun, bar: ServiceB
     rows: list[dict | None] = [None] * len(groups)
     for j, k in enumerate(starts):
         rows[k] = check.row(j, bar)
-    return Confirmation(bar, run, req.margin, 1, 0, 0, 0, rows, time.perf_counter() - t0)
+    return Confirmation(bar, run, req.margin, 1, 0, 0, rows, time.perf_counter() - t0)
 
 
 def pack_confirmed(req: PackRequest, split_hot: bool = True, balance: bool = True, run: TwinRun = DEFAULT_RUN,
@@ -153,11 +132,11 @@ def pack_confirmed(req: PackRequest, split_hot: bool = True, balance: bool = Tru
     """
     t0 = time.perf_counter()
     margin = req.margin
-    twin_margin = 0.0  # the twin packer judges on the slower twin itself
+    twin_margin = run.load - 1.0  # the twin packer asks the judging run itself
     confirmed: list[GpuGroup] = []
     rows: list[dict] = []
     limit = req.max_gpus if max_gpus is None else max_gpus
-    repacked = retuned = twin_packed = 0
+    repacked = twin_packed = 0
     own_twin = req.predictor.kind == "twin"
     for rounds in range(1, MAX_ROUNDS + 1):
         by_twin = own_twin or rounds > SURROGATE_ROUNDS
@@ -167,8 +146,9 @@ def pack_confirmed(req: PackRequest, split_hot: bool = True, balance: bool = Tru
                 progress(f"the twin packs the {len(entries or [])} adapter entries still short (exact, slower)")
         else:
             round_req = repacking(req, margin, bar)
-        try:
-            groups = plan_greedy(round_req, split_hot, balance, entries, limit - len(confirmed))
+        try:  # the twin's fallback packing is not rebalanced: refills ask the twin again, for a few GPUs
+            groups = plan_greedy(round_req, split_hot, balance and (own_twin or not by_twin), entries,
+                                 limit - len(confirmed))
         except InfeasibleError as exc:
             raise exc if rounds == 1 else _repack_failed(exc, repacked, round_req.margin) from None
         twin_packed += len(groups) if by_twin and not own_twin else 0
@@ -176,16 +156,9 @@ def pack_confirmed(req: PackRequest, split_hot: bool = True, balance: bool = Tru
         good = check.meets(bar)
         confirmed += [g for g, ok in zip(groups, good) if ok]
         rows += [check.row(k, bar) for k in np.flatnonzero(good)]
-        bad = [g for g, ok in zip(groups, good) if not ok]
-        fixes = [None] * len(bad) if by_twin else retune(req, bad, run, bar)
-        kept = [fix for fix in fixes if fix is not None]
-        confirmed += [g for g, _ in kept]
-        rows += [row for _, row in kept]
-        retuned += len(kept)
         still_short = ~good
-        still_short[still_short] = [fix is None for fix in fixes]
         if not still_short.any():
-            return confirmed, Confirmation(bar, run, round_req.margin, rounds, repacked, retuned, twin_packed, rows,
+            return confirmed, Confirmation(bar, run, round_req.margin, rounds, repacked, twin_packed, rows,
                                            time.perf_counter() - t0)
         short = [g for g, bad in zip(groups, still_short) if bad]
         repacked += len(short)
@@ -194,13 +167,15 @@ def pack_confirmed(req: PackRequest, split_hot: bool = True, balance: bool = Tru
         else:
             margin = next_margin(margin, check.select(still_short), bar)
         entries = list(shares_of([e for g in short for e in g.shares.items()]).items())
-        _report(progress, check, still_short, len(kept), twin_margin if by_twin else margin, bar)
+        _report(progress, check, still_short, twin_margin if by_twin else margin, bar)
     raise _still_short(max(margin, twin_margin))
 
 
 def twin_packer(req: PackRequest, run: TwinRun, bar: ServiceBar) -> PackRequest:
-    """``req`` with the judging twin run as its predictor (its answers are the verdict's), no load margin."""
-    return replace(req, predictor=run.predictor(req.profile, req.policy, bar.slowdown), margin=0.0)
+    """``req`` with the judging twin run as its predictor: asked about ``run.load`` x a group's traffic (its
+    margin), its answers are the verdict's."""
+    return replace(req, predictor=run.predictor(req.profile, req.policy, bar.slowdown), margin=run.load - 1.0,
+                   ttft_aim=1.0)
 
 
 def _counter(progress: Progress | None, what: str) -> Callable[[int, int], None] | None:
@@ -208,15 +183,13 @@ def _counter(progress: Progress | None, what: str) -> Callable[[int, int], None]
     return None if progress is None else counter(what, unit="GPU")
 
 
-def _report(progress: Progress | None, check: TwinCheck, short: np.ndarray, kept: int, margin: float,
-            bar: ServiceBar) -> None:
-    """``short``: the groups packed again; ``kept``: groups that fell short but were kept with another A_max."""
+def _report(progress: Progress | None, check: TwinCheck, short: np.ndarray, margin: float, bar: ServiceBar) -> None:
+    """``short``: the groups packed again."""
     if progress:
         slow = int((check.keeps_up(bar) & short).sum())
-        progress(f"twin check: {int(short.sum()) + kept} of {len(short)} GPUs fall short (worst serves "
-                 f"{check.ratio.min():.1%} of its load{f'; {slow} miss their latency SLO' if slow else ''})"
-                 f"{f', {kept} kept with another A_max' if kept else ''}; packing {int(short.sum())} again with "
-                 f"a {margin:.1%} load margin")
+        progress(f"twin check: {int(short.sum())} of {len(short)} GPUs fall short (worst serves "
+                 f"{check.ratio.min():.1%} of its load{f'; {slow} miss their latency SLO' if slow else ''}); "
+                 f"packing their adapters again with a {margin:.1%} load margin")
 
 
 def _repack_failed(exc: InfeasibleError, repacked: int, margin: float) -> InfeasibleError:
@@ -229,4 +202,4 @@ def _still_short(margin: float) -> InfeasibleError:
                            f"{margin:.1%}); plan with --predictor twin or allow a longer TTFT")
 
 
-__all__ = ["CONFIRM_RATIO", "Confirmation", "judged", "pack_confirmed", "retune"]
+__all__ = ["CONFIRM_RATIO", "Confirmation", "judged", "pack_confirmed"]

@@ -13,7 +13,7 @@ from typing import Any
 
 from planner.packing import GpuGroup, PackRequest, group_scenario
 from planner.placement import Placement
-from planner.verdict import DEFAULT_RUN, ServiceBar, TwinRun, twin_check
+from planner.verdict import CONFIRM_LOAD, CONFIRM_SEED, DEFAULT_RUN, ServiceBar, TwinRun, twin_check
 from twin.policies.memory import kv_capacity
 from twin.policies.spec import PolicySpec, policy_record
 from twin.profile import Profile
@@ -70,7 +70,7 @@ class Evaluation:
         return {
             **({} if self.policy is None else {"policy": self.policy}),
             "ok": self.ok, "gpus": len(self.instances), "slo": self.bar.to_dict(),
-            "twin_run": {"duration_s": self.run.duration_s, "seed": self.run.seed},
+            "twin_run": {k: v for k, v in self.run.to_dict().items() if k != "by"},
             "memory_errors": sum(not i.memory_ok for i in self.instances),
             "starving": sum(bool(i.starved) for i in self.instances),
             "failing": sum(not i.ok for i in self.instances),
@@ -143,3 +143,13 @@ def plan_bar(placement: Placement, profile: Profile, objective: str | None = Non
                       base.max_ttft_s if max_ttft_s is None else max_ttft_s,
                       base.max_tpot_ms if max_tpot_ms is None else max_tpot_ms,
                       base.slowdown if slowdown is None else slowdown)
+
+
+def plan_load(placement: Placement, seed: int) -> float:
+    """The traffic multiple to judge a saved plan with: its own judging run's with its seed (so a confirmed
+    plan evaluates with its own figures), the traffic itself with another seed (an independent check)."""
+    conf = placement.inputs.get("confirmation")
+    conf = conf if isinstance(conf, dict) else {}
+    if seed != conf.get("seed", CONFIRM_SEED):
+        return 1.0
+    return float(conf.get("load") or CONFIRM_LOAD)

@@ -114,8 +114,6 @@ def _total_line(p: Placement, s: dict) -> str:
 def _rounds_line(c: dict) -> str:
     notes = []
 
-    if c.get("retuned_gpus"):
-        notes.append(f"{c['retuned_gpus']} GPU(s) fell short and were kept with another --max-loras the twin passed")
     if c.get("repacked_gpus"):
         notes.append(f"{c['repacked_gpus']} GPU(s) fell short and their adapters were packed again (load margin up "
                      f"to {c['margin']:.1%})")

@@ -59,7 +59,7 @@ from planner.placement import (
     engine_settings,
     plan_inputs,
 )
-from planner.verdict import DEFAULT_BAR, DEFAULT_RUN, EDGE_LOAD, EDGE_SEED, ServiceBar, TwinRun
+from planner.verdict import DEFAULT_BAR, DEFAULT_RUN, ServiceBar, TwinRun
 from twin.errors import BadInputError, InfeasibleError, LoraPlannerError
 
 _SHARE_EPS = 1e-9
@@ -542,8 +542,7 @@ def _placement(previous: Placement, workload_path, req: PackRequest, work: _Repl
     instances.sort(key=lambda i: _instance_number(i.instance_id))
     inputs = plan_inputs(workload_path, req, "greedy", 0.0)
     if bar is not None:
-        inputs["confirmation"] = {"by": "twin", "duration_s": work.judge.run.duration_s, "seed": work.judge.run.seed,
-                                  "near_the_edge": {"load": EDGE_LOAD, "seed": EDGE_SEED}, **bar.to_dict(),
+        inputs["confirmation"] = {**work.judge.run.to_dict(), **bar.to_dict(),
                                   "failing_gpus": sum(not i.ok for i in instances),
                                   "worst_served": min((i.twin["served"] for i in instances if i.twin), default=None),
                                   "worst_ttft_ms_p99": max((i.twin["ttft_ms_p99"] or 0 for i in instances if i.twin),

@@ -53,7 +53,7 @@ class TwinFigures(_Closed):
     max_ttft_ms: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
     max_tpot_ms: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
     meets: bool
-    edge_checked: bool = False
+    edge_checked: bool = False  # written by plans judged with a second, loaded run (before "load"); ignored
 
 
 class AdapterShare(_Closed):
@@ -100,6 +100,7 @@ class Confirmation(_Open):
     by: Literal["twin"] = "twin"
     duration_s: Annotated[float, Field(gt=0, le=86400, allow_inf_nan=False)]
     seed: int
+    load: Annotated[float, Field(ge=1, le=10, allow_inf_nan=False)] | None = None  # traffic multiple judged
     objective: Literal["slo", "throughput"] = "slo"
     min_served: Annotated[float, Field(ge=0.9, lt=1, allow_inf_nan=False)] = 0.95
     max_ttft_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None

@@ -1,5 +1,5 @@
-"""The twin's verdict on a plan (planner.verdict, planner.confirm): GPUs that fall short are retuned,
-packed again, or packed by the twin itself; plan, evaluate and replan judge by the same rule.
+"""The twin's verdict on a plan (planner.verdict, planner.confirm): GPUs that fall short are packed
+again, or packed by the twin itself; plan, evaluate and replan judge by the same rule.
 
 The predictor here is the shipped Llama surrogate told less traffic than arrives: a real model made
 optimistic on purpose, so its plans fall short in the twin whatever the surrogate's own accuracy.
@@ -18,9 +18,9 @@ from models.predictor import load_predictor
 from models.scenario import GpuScenario
 from models.twin_predictor import TwinPredictor
 from planner.cli import main
-from planner.confirm import SURROGATE_ROUNDS, check_groups, retune, scenarios_of
+from planner.confirm import SURROGATE_ROUNDS, check_groups, scenarios_of
 from planner.evaluate import evaluate_placement, plan_bar
-from planner.packing import GpuGroup, PackRequest, a_max_candidates
+from planner.packing import GpuGroup, PackRequest
 from planner.plan import PlanOptions, make_plan
 from planner.verdict import CONFIRM_RATIO, ServiceBar, TwinRun
 from tests.planner_helpers import workload
@@ -90,13 +90,13 @@ def test_confirmed_plan_repacks_until_the_twin_passes_every_gpu_and_its_figures_
 
 
 def test_a_hopeless_predictor_hands_the_rest_to_the_twin(setup):
-    """Told a tenth of the traffic, the surrogate's packings keep falling short; after its rounds the twin
+    """Told a fiftieth of the traffic, the surrogate's packings keep falling short; after its rounds the twin
     packs what is left itself, so the plan still holds."""
     profile, wl, path, _ = setup
-    hopeless = Optimistic(load_predictor(profile, "surrogate"), factor=0.1)
+    hopeless = Optimistic(load_predictor(profile, "surrogate"), factor=0.02)
     placement = make_plan(path, wl, profile, hopeless, PlanOptions(jobs=2))
     conf = placement.inputs["confirmation"]
-    assert conf["twin_packed_gpus"] >= 1 and conf["rounds"] > SURROGATE_ROUNDS
+    assert conf["twin_packed_gpus"] >= 1 and conf["rounds"] > SURROGATE_ROUNDS, conf
     assert _evaluate(placement, wl, profile).ok
 
 
@@ -182,10 +182,10 @@ def test_min_served_below_the_starvation_rule_is_bad_input():
         ServiceBar(0.89)
 
 
-def test_a_gpu_near_the_edge_must_hold_with_every_seed():
+def test_a_gpu_near_the_edge_is_judged_with_more_traffic():
     """41 busy rank-8 adapters on --max-loras 32 keep swapping adapters, close to their limit: arrival seed
-    0 serves 91 % of their tokens, the other seeds 87-90 %. One seed would pass them at --min-served 0.9;
-    the extra seeds do not."""
+    0 serves 91 % of their planned tokens, other seeds 87-90 %. A run of the planned traffic would pass them
+    at --min-served 0.9; the judging run, with 5 % more, does not."""
     profile = load_profile(PROFILE)
     wl = workload([0.54, 1.08] * 14 + [0.54] * 13, [8] * 41, tokens=(221.67, 196.52))
     req = PackRequest.build(wl, profile, load_predictor(profile, "surrogate"), max_gpus=1)
@@ -193,24 +193,7 @@ def test_a_gpu_near_the_edge_must_hold_with_every_seed():
     bar = ServiceBar(0.9, None, None)
     seed0 = TwinPredictor(profile).predict(scenarios_of(req, group))
     assert 0.9 <= seed0.throughput_tok_s[0] / seed0.arriving_tok_s[0] < CONFIRM_RATIO
-    every = check_groups(req, group, TwinRun(), bar)
-    assert not every.meets(bar)[0] and every.ratio[0] < 0.9, every.ratio
+    judged = check_groups(req, group, TwinRun(), bar)
+    assert not judged.meets(bar)[0] and judged.ratio[0] < 0.9, judged.ratio
 
 
-def test_retune_keeps_a_short_group_with_the_a_max_the_twin_passes(setup):
-    """48 adapters on --max-loras 2 swap adapters all the time and fall short; at larger A_max the same
-    adapters pass, and retune picks the candidate serving them best. A group that no A_max saves (one
-    adapter far beyond a GPU) gets None."""
-    profile, wl, _, _ = setup
-    req = PackRequest.build(wl, profile, load_predictor(profile, "surrogate"), max_gpus=4)
-    bar = ServiceBar(CONFIRM_RATIO, None, None)
-    short = GpuGroup({i: 0.5 for i in range(48)}, a_max=2)
-    hot = GpuGroup({0: 40.0}, a_max=1)
-    assert not check_groups(req, [short, hot], TwinRun(), bar).keeps_up(bar).any()
-    fixed, none = retune(req, [short, hot], TwinRun(), bar)
-    assert none is None and fixed is not None
-    group, row = fixed
-    assert group.shares == short.shares and row["served"] >= CONFIRM_RATIO and row["meets"]
-    cands = a_max_candidates(req.kv, req.ranks[short.members], len(short))
-    ratios = check_groups(req, [GpuGroup(short.shares, a) for a in cands], TwinRun(), bar).ratio
-    assert row["served"] == round(float(ratios.max()), 4) and group.a_max == cands[int(np.argmax(ratios))]

@@ -1,12 +1,11 @@
-"""How much a planned GPU's p99 TTFT moves from one simulated hour to another, and what would catch it.
+"""How much a planned GPU's p99 TTFT moves from one simulated hour to another: do plans hold in hours they
+never saw?
 
-A plan judges each GPU on one simulated hour (arrival seed 0) and, near the edge, once more with 5 % more
-traffic (seed 101): :mod:`planner.verdict`. This benchmark plans random fleet workloads (``planner plan`` as
-a fresh process), then judges every planned GPU again in the twin on ``--hours`` other hours (``planner
-evaluate --seed 1..N``: the same slowed twin, other arrivals) and, for every GPU whether the plan checked
-it near the edge or not, with 5 % more traffic at seeds 101 and 102. Per family: GPUs that miss the SLO
-in at least one other hour, and how many of those the 5 %-more runs flag (and how many they flag in all:
-what judging every GPU that way would cost).
+A plan judges each GPU on one simulated hour (arrival seed 0) with 5 % more traffic than planned
+(:mod:`planner.verdict`). This benchmark plans random fleet workloads (``planner plan`` as a fresh
+process), then judges every planned GPU again in the twin on ``--hours`` other hours with the planned
+traffic itself (``planner evaluate --seed 1..N``: the same slowed twin, other arrivals). Per family: GPUs
+that miss the SLO in at least one other hour, and GPU-hours missed.
 
     python -m benchmarks.fidelity.ttft_seed_spread [--families mixed-lengths,log-uniform] [--seeds 0,1,2]
         [--adapters 2000] [--hours 6]          # -> artifacts/benchmarks/ttft_seed_spread.json
@@ -19,7 +18,6 @@ import json
 import subprocess
 import sys
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -27,16 +25,15 @@ import numpy as np
 from benchmarks.record import write_result
 from planner.evaluate import evaluate_placement, plan_bar
 from planner.placement import read_placement
-from planner.verdict import EDGE_LOAD, TwinRun
-from twin import Workload, load_profile
+from planner.verdict import TwinRun
+from twin import load_profile
 from twin.families import family_workload, write_workload_csv
 
 ROOT = Path(__file__).resolve().parents[2]
-LOADED_SEEDS = (101, 102)
 
 
 def misses(placement, wl, profile, bar, seed: int) -> np.ndarray:
-    ev = evaluate_placement(placement, wl, profile, bar, TwinRun(seed=seed, jobs=2))
+    ev = evaluate_placement(placement, wl, profile, bar, TwinRun(seed=seed, load=1.0, jobs=2))
     return np.array([not i.ok for i in ev.instances])
 
 
@@ -52,18 +49,9 @@ def case(family: str, n: int, seed: int, hours: int, profile_id: str, work: Path
     placement = read_placement(plan)
     bar = plan_bar(placement, profile)
     other = np.array([misses(placement, wl, profile, bar, s) for s in range(1, hours + 1)])
-    loaded_wl = Workload(tuple(replace(a, rate_rps=a.rate_rps * EDGE_LOAD) for a in wl.adapters))
-    loaded = np.array([misses(placement, loaded_wl, profile, bar, s) for s in LOADED_SEEDS])
     fails = other.any(axis=0)
-    edge_checked = np.array([bool((inst.twin or {}).get("edge_checked")) for inst in placement.instances])
     row = {"family": family, "seed": seed, "gpus": len(fails), "gpus_missing_some_hour": int(fails.sum()),
-           "gpu_hours_missed": int(other.sum()), "gpu_hours": int(other.size),
-           "missing_ones_the_plan_edge_checked": int((fails & edge_checked).sum())}
-    for k, s in enumerate(LOADED_SEEDS):
-        row[f"flagged_at_{EDGE_LOAD}x_seed_{s}"] = int(loaded[k].sum())
-        row[f"missing_ones_flagged_at_{EDGE_LOAD}x_seed_{s}"] = int((fails & loaded[k]).sum())
-    either = loaded.any(axis=0)
-    row["flagged_at_either_seed"], row["missing_ones_flagged_at_either"] = int(either.sum()), int((fails & either).sum())
+           "gpu_hours_missed": int(other.sum()), "gpu_hours": int(other.size)}
     return row
 
 

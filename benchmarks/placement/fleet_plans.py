@@ -100,7 +100,7 @@ def case(family: str, n: int, seed: int, profile_id: str, work: Path, evaluate: 
                                                        conf["slowdown"])
     row.update(gpus=doc["summary"]["gpus"], lower_bound_gpus=round(bound, 2), gpus_over_bound=round(
         doc["summary"]["gpus"] / max(bound, 1e-9), 3), rounds=conf["rounds"], repacked=conf["repacked_gpus"],
-        retuned=conf["retuned_gpus"], twin_packed=conf["twin_packed_gpus"], worst_served=conf["worst_served"],
+        twin_packed=conf["twin_packed_gpus"], worst_served=conf["worst_served"],
         worst_ttft_ms=conf["worst_ttft_ms_p99"], worst_tpot_ms=conf["worst_tpot_ms_p99"])
     if evaluate:
         t0 = time.perf_counter()
