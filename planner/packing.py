@@ -9,7 +9,7 @@ serving policy otherwise (``twin.policies.memory``); throughput and starvation c
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
@@ -22,14 +22,6 @@ from twin.policies.spec import PolicySpec
 from twin.profile import KVCapacity, Profile
 from twin.workload import Workload
 
-#: A model of the twin packs a GPU only where it predicts 0.7 x its p99 TTFT limit. Near the limit p99 TTFT
-#: sits on the knee of its curve, where a model's few per cent of load error is seconds: GPUs the surrogate
-#: put at 1.3-1.9 s of a 2 s limit took 3-15 s in the twin, and with mixed request lengths a quarter of the
-#: GPUs fell short. Aiming lower costs little load, since TTFT climbs steeply only near the knee: ten random
-#: 2,000-adapter fleets took 360 GPUs in all at 0.7, 363 at 1 and at 0.5; a 10,000-adapter fleet of mixed
-#: lengths 268 GPUs in 19 s at 0.7, 265 in 40 s at 1 (67 GPUs short at first, 55 at 0.7), 267 in 11 s at
-#: 0.5; a log-uniform one 156, 155 and 158 (``python -m benchmarks.studies.ttft_aim [--adapters 10000]``).
-TTFT_AIM = 0.7
 #: The study's testing points / A_max grid (reference-study-notes §5.2).
 PAPER_GRID = (8, 16, 32, 64, 96, 128, 160, 192, 256, 320, 384, 448, 512, 576)
 
@@ -53,9 +45,6 @@ class PackRequest:
     # Per adapter: its own latency SLO (the workload's max_ttft_s / max_tpot_ms columns), NaN where none.
     adapter_ttft_s: np.ndarray | None = None
     adapter_tpot_ms: np.ndarray | None = None
-    # The share of a GPU's p99 TTFT limit its predictor must predict for the GPU to be packed (TTFT_AIM for a
-    # model of the twin, 1 for the judging twin itself).
-    ttft_aim: float = 1.0
 
     @classmethod
     def build(cls, workload: Workload, profile: Profile, predictor: Predictor, max_gpus: int,
@@ -219,8 +208,6 @@ def passing(req: PackRequest, pred: Predictions, scenarios: list[GpuScenario]) -
     ok = ~np.asarray(pred.starved, bool)
     if req.bar is not None:
         ok &= pred.throughput_tok_s >= req.min_ratio * pred.arriving_tok_s
-        if req.ttft_aim != 1.0:
-            scenarios = [replace(s, max_ttft_ms=s.max_ttft_ms * req.ttft_aim) for s in scenarios]
         ok &= pred.meets_latency(scenarios)
     return ok
 

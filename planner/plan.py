@@ -10,7 +10,7 @@ from models.scenario import Predictor
 from planner.baselines import plan_dlora, plan_latency, plan_maxbase, plan_random
 from planner.confirm import Confirmation, Progress, judged, pack_confirmed
 from planner.greedy import plan_greedy
-from planner.packing import TTFT_AIM, GpuGroup, PackRequest
+from planner.packing import GpuGroup, PackRequest
 from planner.paper_greedy import plan_paper_greedy
 from planner.placement import Placement, adapter_rows, build_instances, engine_settings, plan_inputs
 from planner.verdict import CONFIRM_DURATION_S, CONFIRM_SEED, ServiceBar, TwinRun
@@ -83,9 +83,7 @@ def pack_request(workload: Workload, profile: Profile, predictor: Predictor, opt
     # greedy aims at the bar: the twin as predictor at the judging run's load; a model of the profile's own
     # twin at the load of the slower one (not also x the judging run's 1.05: the surrogate is cautious there
     # on average, and the GPUs it puts past the edge are repacked; benchmarks/studies/packing_aim.py)
-    if predictor.kind == "twin":
-        return replace(req, bar=bar, margin=opts.run.load - 1.0)
-    return replace(req, bar=bar, margin=bar.slowdown - 1.0, ttft_aim=TTFT_AIM)
+    return replace(req, bar=bar, margin=opts.run.load - 1.0 if predictor.kind == "twin" else bar.slowdown - 1.0)
 
 
 def _spec(name: str) -> AlgorithmSpec:

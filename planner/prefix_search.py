@@ -85,7 +85,7 @@ class PrefixSearch:
             else:
                 bar_ms = np.inf if req.bar.max_ttft_s is None else req.bar.max_ttft_s * 1000.0
                 own = req.adapter_ttft_s[idx] * 1000.0
-                self._limits = np.log10(np.fmin(own, bar_ms) * req.ttft_aim)
+                self._limits = np.log10(np.fmin(own, bar_ms))
         return self._limits
 
     def _search(self, pos: int, k_max: int) -> tuple[int, int]:

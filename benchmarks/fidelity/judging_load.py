@@ -1,8 +1,8 @@
 """Which twin run should judge a planned GPU? Verdict rules set against other simulated hours.
 
 Each case packs a random fleet workload of :mod:`twin.families` with the surrogate aimed at the planned
-traffic (``--packing-load`` 1) and at the p99 TTFT limit itself (a plan aims at 0.7 x it), so that many
-GPUs sit right at their knee, where rules differ, and runs
+traffic (``--packing-load`` 1, a plan's first packing), so that many GPUs sit right at their knee, where
+rules differ, and runs
 every GPU in the slowed twin under each rule's runs, and under the ground truth: the planned traffic on
 ``--truth-seeds`` other arrival seeds. A rule is unsafe on a GPU it passes that misses the SLO in one of
 those hours. Rules (one simulated hour each run):
@@ -72,7 +72,7 @@ def main() -> None:
         for seed in (int(s) for s in args.seeds.split(",")):
             wl = family_workload(family, args.adapters, seed, max_model_len=profile.engine.max_model_len)
             req = pack_request(wl, profile, default_predictor(profile), opts)
-            req = replace(req, margin=bar.slowdown * args.packing_load - 1.0, ttft_aim=1.0)
+            req = replace(req, margin=bar.slowdown * args.packing_load - 1.0)
             scenarios = scenarios_of(req, plan_greedy(req))
             key = f"{family}/{seed}"
             truth = np.logical_and.reduce([meets(key, scenarios, *r) for r in truth_runs])

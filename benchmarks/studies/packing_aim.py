@@ -1,16 +1,15 @@
 """Where should the surrogate aim a GPU's fill? GPUs and time of whole confirmed plans per aim.
 
-The packer fills a GPU until its model predicts the GPU keeps up with ``load`` x the slowed twin's load
-(the profile's slowdown x the planned traffic) within ``ttft`` x its p99 TTFT limit
-(:func:`planner.plan.pack_request`, :data:`planner.packing.TTFT_AIM`); the twin then judges every GPU with
-1.05 x its traffic and the adapters of the ones that fall short are packed again with a growing margin
-(:func:`planner.confirm.pack_confirmed`). Aiming low costs load per GPU; aiming high puts GPUs on the knee
-of the TTFT curve, where the model's error is seconds, and the rounds cost time and, packed with a
+The packer fills a GPU until its model predicts the GPU keeps up, within its latency SLO, with ``aim`` x
+the slowed twin's load (the profile's slowdown x the planned traffic; :func:`planner.plan.pack_request`
+uses 1); the twin then judges every GPU with 1.05 x its traffic and the adapters of the ones that fall
+short are packed again with a growing margin (:func:`planner.confirm.pack_confirmed`). Aiming low costs
+load on every GPU; aiming high puts more GPUs past the edge, and the rounds cost time and, packed with a
 growing margin, GPUs too. Per aim: GPUs of the confirmed plan, GPUs short at the first check, rounds and
 wall time (this process, the twin on ``--jobs`` processes).
 
-    python -m benchmarks.studies.packing_aim [--aims 1:1,1:0.7,1.05:0.7] [--families ...] [--seeds 1,2]
-        [--adapters 2000]   # -> artifacts/benchmarks/packing_aim.json (packing_aim_<N>.json for another N)
+    python -m benchmarks.studies.packing_aim [--aims 1,1.05] [--families ...] [--seeds 1,2] [--adapters 2000]
+        # -> artifacts/benchmarks/packing_aim.json (packing_aim_<N>.json for another --adapters N)
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ from twin.families import FAMILIES, family_workload
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--aims", default="1:1,1:0.7,1.05:0.7", help="load:ttft pairs")
+    ap.add_argument("--aims", default="1,1.05", help="load multiples of the slowed twin's load")
     ap.add_argument("--families", default=",".join(f for f in FAMILIES if f != "near-idle"))
     ap.add_argument("--seeds", default="1,2")
     ap.add_argument("--adapters", type=int, default=2000)
@@ -39,17 +38,17 @@ def main() -> None:
     profile = load_profile(args.profile)
     opts = PlanOptions(jobs=args.jobs)
     bar = opts.bar(profile)
-    aims = {a: tuple(float(x) for x in a.split(":")) for a in args.aims.split(",")}
+    aims = {a: float(a) for a in args.aims.split(",")}
     cases, totals = [], {a: {"gpus": 0, "wall_s": 0.0} for a in aims}
     for family in args.families.split(","):
         for seed in (int(s) for s in args.seeds.split(",")):
             wl = family_workload(family, args.adapters, seed, max_model_len=profile.engine.max_model_len)
             req = pack_request(wl, profile, default_predictor(profile), opts)
             row = {"family": family, "seed": seed}
-            for aim, (load, ttft) in aims.items():
+            for aim, load in aims.items():
                 messages: list[str] = []
                 t0 = time.perf_counter()
-                aimed = replace(req, margin=bar.slowdown * load - 1.0, ttft_aim=ttft)
+                aimed = replace(req, margin=bar.slowdown * load - 1.0)
                 groups, conf = pack_confirmed(aimed, run=opts.run, bar=bar, progress=messages.append)
                 wall = time.perf_counter() - t0
                 first = next((m for m in messages if m.startswith("twin check")), "")
@@ -61,7 +60,7 @@ def main() -> None:
             print(row, flush=True)
             name = "packing_aim" if args.adapters == 2000 else f"packing_aim_{args.adapters}"
             write_result(name, {"benchmark": "packing_aim", "profile": args.profile, "adapters": args.adapters,
-                                "aims": "load:ttft", "totals": totals, "cases": cases})
+                                "totals": totals, "cases": cases})
 
 
 if __name__ == "__main__":
