@@ -42,7 +42,10 @@ def slo_line(c: dict) -> str:
     line = "SLO per GPU: " + ", ".join(parts)
     if c.get("objective") == "throughput":
         line += " (--objective throughput: no latency bound)"
+    load = c.get("load") or 1.0
     line += f"; judged in the twin ({c['duration_s']:.0f} s of Poisson arrivals"
+    if load != 1.0:
+        line += f" at {load:g}x the traffic"
     if c.get("slowdown", 1.0) > 1.0:
         line += f", on a GPU {c['slowdown'] - 1:.0%} slower than the profile: its safety margin"
     return line + ")"

@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from models.predictor import load_predictor
-from models.scenario import GpuScenario
+from models.scenario import GpuScenario, Predictions
 from models.twin_predictor import TwinPredictor
 from planner.cli import main
 from planner.confirm import SURROGATE_ROUNDS, check_groups, scenarios_of
@@ -89,12 +89,25 @@ def test_confirmed_plan_repacks_until_the_twin_passes_every_gpu_and_its_figures_
     assert placed == {a.adapter_id for a in wl.adapters}
 
 
+@dataclass
+class Blind:
+    """A predictor that finds every GPU fine, whatever its load: wrong in a way no margin mends."""
+
+    profile_id: str
+    policy: object = None
+    kind: str = "blind"
+
+    def predict(self, scenarios):
+        arriving = np.array([s.arriving_tok_s for s in scenarios])
+        return Predictions(arriving, np.zeros(len(arriving), bool), arriving, np.ones(len(arriving)),
+                           np.ones(len(arriving)))
+
+
 def test_a_hopeless_predictor_hands_the_rest_to_the_twin(setup):
-    """Told a fiftieth of the traffic, the surrogate's packings keep falling short; after its rounds the twin
-    packs what is left itself, so the plan still holds."""
+    """A predictor that finds every GPU fine keeps packing GPUs that fall short, whatever the margin; after
+    its rounds the twin packs what is left itself, so the plan still holds."""
     profile, wl, path, _ = setup
-    hopeless = Optimistic(load_predictor(profile, "surrogate"), factor=0.02)
-    placement = make_plan(path, wl, profile, hopeless, PlanOptions(jobs=2))
+    placement = make_plan(path, wl, profile, Blind(profile.profile_id), PlanOptions(jobs=2))
     conf = placement.inputs["confirmation"]
     assert conf["twin_packed_gpus"] >= 1 and conf["rounds"] > SURROGATE_ROUNDS, conf
     assert _evaluate(placement, wl, profile).ok
