@@ -147,7 +147,8 @@ def plan(workload, profile_id, gpus, algorithm, predictor_kind, policy, policy_p
               help="Arrival seed; the plan was judged with 0, another is an independent check.")
 @click.option("--load", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Simulate this multiple of the workload's traffic [with the plan's seed: the plan's own, 1.05 "
-                   "(its margin for the arrival seed); with another seed: 1, the traffic itself].")
+                   "(its margin for the arrival seed), and a GPU that passes again with seed 101; with another "
+                   "seed: 1, the traffic itself, once].")
 @click.option("--arrivals", type=click.Choice(["poisson", "unpredictable"]), default="poisson", show_default=True)
 @policy_options(default=None, default_help="; default: the one the plan was made for")
 @slo_options
@@ -165,9 +166,8 @@ def evaluate(placement_file, workload, profile_id, duration, seed, load, arrival
     is not placed. The GPUs run the serving policy the plan records (stock vLLM if none) unless
     --policy says otherwise; --policy-param alone overrides parameters of the recorded one.
     """
-    from planner.evaluate import evaluate_placement, plan_bar, plan_load
+    from planner.evaluate import evaluate_placement, judging_run, plan_bar
     from planner.placement import read_placement
-    from planner.verdict import TwinRun
     from planner.workload_csv import read_workload
     from twin import InfeasibleError, UnpredictableArrivals, load_profile
     from twin.policies.spec import policy_label
@@ -178,8 +178,8 @@ def evaluate(placement_file, workload, profile_id, duration, seed, load, arrival
     objective_given = click.get_current_context().get_parameter_source("objective").name != "DEFAULT"
     bar = plan_bar(placement, profile, objective=objective if objective_given else None, min_served=min_served,
                    max_ttft_s=max_ttft, max_tpot_ms=max_tpot, slowdown=slowdown)
-    run = TwinRun(duration, seed, plan_load(placement, seed) if load is None else load,
-                  UnpredictableArrivals() if arrivals == "unpredictable" else None, jobs_or_cores(jobs))
+    run = judging_run(placement, seed, load, duration_s=duration, jobs=jobs_or_cores(jobs),
+                      arrivals=UnpredictableArrivals() if arrivals == "unpredictable" else None)
     spec = policy_from_cli(policy, policy_params, placement.inputs.get("policy"))
     ev = evaluate_placement(placement, wl, profile, bar, run, spec,
                             progress=counter("twin", unit="GPU"))
@@ -188,7 +188,8 @@ def evaluate(placement_file, workload, profile_id, duration, seed, load, arrival
     else:
         if spec is not None:
             click.echo(f"serving policy {policy_label(ev.policy)}")
-        click.echo(f"each GPU must: {bar.describe()} (twin: {duration:g} s, seed {seed}, "
+        seeds = f"seed {seed}" + ("" if run.second_seed is None else f", then {run.second_seed} if it passes")
+        click.echo(f"each GPU must: {bar.describe()} (twin: {duration:g} s, {seeds}, "
                    f"{'the traffic itself' if run.load == 1.0 else f'{run.load:g} x the traffic'})")
         for i in ev.instances:
             f = i.figures

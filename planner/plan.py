@@ -75,7 +75,7 @@ def pack_request(workload: Workload, profile: Profile, predictor: Predictor, opt
                             "say how many with --gpus N")
     bar = opts.bar(profile)
     if predictor.kind == "twin":  # the twin as predictor answers with the judging run itself
-        predictor = opts.run.predictor(profile, getattr(predictor, "policy", None), bar.slowdown)
+        predictor = opts.run.predictor(profile, getattr(predictor, "policy", None), bar.slowdown, bar.min_served)
     req = PackRequest.build(workload, profile, predictor, opts.gpus or UNLIMITED_GPUS, opts.headroom,
                             opts.input_tokens, opts.output_tokens, opts.seed)
     if opts.algorithm != "greedy":

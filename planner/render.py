@@ -46,6 +46,8 @@ def slo_line(c: dict) -> str:
     line += f"; judged in the twin ({c['duration_s']:.0f} s of Poisson arrivals"
     if load != 1.0:
         line += f" at {load:g}x the traffic"
+    if c.get("second_seed") is not None:
+        line += f", seed {c['seed']} and again {c['second_seed']}"
     if c.get("slowdown", 1.0) > 1.0:
         line += f", on a GPU {c['slowdown'] - 1:.0%} slower than the profile: its safety margin"
     return line + ")"

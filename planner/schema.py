@@ -101,6 +101,7 @@ class Confirmation(_Open):
     duration_s: Annotated[float, Field(gt=0, le=86400, allow_inf_nan=False)]
     seed: int
     load: Annotated[float, Field(ge=1, le=10, allow_inf_nan=False)] | None = None  # traffic multiple judged
+    second_seed: int | None = None  # the seed a GPU that passed was run again with
     objective: Literal["slo", "throughput"] = "slo"
     min_served: Annotated[float, Field(ge=0.9, lt=1, allow_inf_nan=False)] = 0.95
     max_ttft_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None

@@ -19,7 +19,7 @@ from models.scenario import GpuScenario, Predictions
 from models.twin_predictor import TwinPredictor
 from planner.cli import main
 from planner.confirm import SURROGATE_ROUNDS, check_groups, scenarios_of
-from planner.evaluate import evaluate_placement, plan_bar
+from planner.evaluate import evaluate_placement, judging_run, plan_bar
 from planner.packing import GpuGroup, PackRequest
 from planner.plan import PlanOptions, make_plan
 from planner.verdict import CONFIRM_RATIO, ServiceBar, TwinRun
@@ -59,7 +59,7 @@ def setup(tmp_path_factory):
 
 
 def _evaluate(placement, wl, profile, seed=0):
-    return evaluate_placement(placement, wl, profile, plan_bar(placement, profile), TwinRun(seed=seed))
+    return evaluate_placement(placement, wl, profile, plan_bar(placement, profile), judging_run(placement, seed))
 
 
 def test_unconfirmed_optimistic_plan_fails_in_the_twin(setup):

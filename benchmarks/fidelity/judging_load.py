@@ -61,7 +61,7 @@ def main() -> None:
     def meets(key: str, scenarios, load: float, seed: int, duration: float) -> np.ndarray:
         if (key, load, seed, duration) not in cache:
             loaded = [replace(sc, rates_rps=sc.rates_rps * load) for sc in scenarios]
-            run = replace(opts.run, duration_s=duration, seed=seed)
+            run = replace(opts.run, duration_s=duration, seed=seed, second_seed=None)
             pred = run.predictor(profile, None, bar.slowdown).predict(loaded)
             cache[(key, load, seed, duration)] = check_of(pred, loaded, load).meets(bar)
         return cache[(key, load, seed, duration)]

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def misses(placement, wl, profile, bar, seed: int) -> np.ndarray:
-    ev = evaluate_placement(placement, wl, profile, bar, TwinRun(seed=seed, load=1.0, jobs=2))
+    ev = evaluate_placement(placement, wl, profile, bar, TwinRun(seed=seed, load=1.0, jobs=2, second_seed=None))
     return np.array([not i.ok for i in ev.instances])
 
 
