@@ -52,9 +52,9 @@ def material(before: dict[str, float], after: dict[str, float], threshold: float
 
 
 def fleet(family: str, n: int, seed: int, nights: int, threshold: float, work: Path, profile: str,
-          max_moves: str | None) -> list[dict]:
+          max_moves: str | None):
+    """Each night's row, as the night ends."""
     plan = work / "plan.json"
-    rows: list[dict] = []
     before: dict[str, float] = {}
     for night, wl in enumerate(fleet_nights(family, n, seed, nights)):
         csv = work / f"night-{night:02d}.csv"
@@ -88,10 +88,9 @@ def fleet(family: str, n: int, seed: int, nights: int, threshold: float, work: P
             if night == 0:
                 row["gpus"] = ev["gpus"]
         row["adapters"] = len(wl)
-        rows.append(row)
         print(json.dumps(row), flush=True)
+        yield row
         before = rates
-    return rows
 
 
 def summary(rows: list[dict], n: int) -> dict:
@@ -123,14 +122,18 @@ def main() -> None:
     for n in (int(x) for x in args.sizes.split(",")):
         for family in args.families.split(","):
             for seed in (int(x) for x in args.seeds.split(",")):
+                rows: list[dict] = []
+                fleets.append({"adapters": n, "seed": seed, "family": family, "nights": rows})
                 with tempfile.TemporaryDirectory(prefix="nightly-") as tmp:
-                    rows = fleet(family, n, seed, args.nights, args.material, Path(tmp), args.profile, args.max_moves)
-                fleets.append({"adapters": n, "seed": seed, "family": family, "summary": summary(rows, n),
-                               "nights": rows})
+                    for row in fleet(family, n, seed, args.nights, args.material, Path(tmp), args.profile,
+                                     args.max_moves):
+                        rows.append(row)
+                        fleets[-1]["summary"] = summary(rows, n)
+                        # written after every night: an interrupted run keeps the nights done
+                        write_result(args.out, {"benchmark": "nightly", "profile": args.profile,
+                                                "max_moves": args.max_moves, "material_change": args.material,
+                                                "fleets": fleets})
                 print(json.dumps({"adapters": n, "family": family, "seed": seed, **fleets[-1]["summary"]}), flush=True)
-                # written after every fleet: an interrupted run keeps the fleets done
-                write_result(args.out, {"benchmark": "nightly", "profile": args.profile, "max_moves": args.max_moves,
-                                        "material_change": args.material, "fleets": fleets})
 
 
 if __name__ == "__main__":
