@@ -172,10 +172,9 @@ def pack_confirmed(req: PackRequest, split_hot: bool = True, balance: bool = Tru
 
 
 def twin_packer(req: PackRequest, run: TwinRun, bar: ServiceBar) -> PackRequest:
-    """``req`` with the judging twin run as its predictor: asked about ``run.load`` x a group's traffic (its
-    margin), its answers are the verdict's."""
-    return replace(req, predictor=run.predictor(req.profile, req.policy, bar.slowdown, bar.min_served),
-                   margin=run.load - 1.0)
+    """``req`` with the judging twin run as its predictor: asked about ``run.load`` x a group's traffic (the
+    round's margin, from ``run.load - 1``), its answers are the verdict's."""
+    return replace(req, predictor=run.predictor(req.profile, req.policy, bar.slowdown, bar.min_served))
 
 
 def _counter(progress: Progress | None, what: str) -> Callable[[int, int], None] | None:
