@@ -17,13 +17,16 @@ accepted by the twin):
 * A GPU that falls short gives up its hottest adapters, one at a time, until the predictor says the rest
   pass with the engine as started (reason ``short``); if no eviction can do it, it restarts with the
   ``--max-loras`` the predictor prefers (a restart, with its reason).
-* New adapters and those given up go, hottest first, to the GPU with the least load that takes them
-  without a restart (its ``--max-lora-rank`` holds their rank, its ``--max-cpu-loras`` has room, and the
-  predictor says it still passes), else to new GPUs packed by ``planner plan``'s greedy, confirmed.
+* New adapters and those given up go, hottest first, to the GPU with the most slack in the twin's last
+  judgement (p99 TTFT and TPOT against their limits; then the least load) that takes them without a
+  restart (its ``--max-lora-rank`` holds their rank, its ``--max-cpu-loras`` has room, and the predictor
+  says it still passes), else to new GPUs packed by ``planner plan``'s greedy, confirmed.
 * The twin judges every GPU that changed; one that fails goes round again (at most ``REPAIR_ROUNDS``).
 * A fresh plan of the same day is packed too. While the re-plan needs more GPUs than it (plus the
   tolerance), the GPU with the fewest adapters is emptied into the others' room (reason
-  ``consolidation``), if the moves budget allows and the twin passes every GPU that takes them; when no
+  ``consolidation``), if the moves budget allows and the twin passes every GPU that takes them (a
+  replicated adapter's share is spread over its other replicas first, so a hot adapter that cooled gives
+  up a replica and nothing else moves; a GPU that could not be emptied is not tried again); when no
   GPU can be emptied, the adapters of the least-loaded few are packed again onto fewer; and when that
   cannot reach the target either, the fresh plan is laid onto the GPUs (each of its groups on the GPU it
   shares most traffic with), within the budget.
@@ -65,7 +68,10 @@ from twin.errors import BadInputError, InfeasibleError, LoraPlannerError
 _SHARE_EPS = 1e-9
 #: Rounds of repairing GPUs the twin finds short before what is left is packed anew.
 REPAIR_ROUNDS = 4
-#: Receiving GPUs tried per adapter to place (the least loaded first).
+#: Rounds of placing adapters on GPUs with room, the ones the twin fails giving theirs back: near the twin's
+#: knee about half the GPUs the predictor lets take more fail, so four rounds left a sixteenth unplaced.
+PLACING_ROUNDS = 8
+#: Receiving GPUs tried per adapter to place (the most slack in the twin first).
 CANDIDATES = 16
 #: GPUs tried as the one to empty per consolidation step.
 CONSOLIDATION_TRIES = 40
@@ -126,6 +132,15 @@ class _Slot:
     def group(self) -> GpuGroup:
         return GpuGroup(dict(self.shares), self.a_max, self.max_lora_rank)
 
+    @property
+    def pressure(self) -> float:
+        """How close the twin's last judgement put this GPU to its SLO: the larger of p99 TTFT and p99 TPOT
+        over their limits (0 when it was not judged in the twin). The twin's knee, not the load in tokens,
+        says which GPUs have room: at 10k adapters most GPUs the predictor let take more failed in the twin."""
+        row = self.row or {}
+        return max((row.get(f) or 0.0) / (row.get(limit) or np.inf)
+                   for f, limit in (("ttft_ms_p99", "max_ttft_ms"), ("tpot_ms_p99", "max_tpot_ms")))
+
     def room_for(self, rank: int) -> bool:
         """Whether one more adapter of ``rank`` can load without a restart."""
         return rank <= self.max_lora_rank and len(self.shares) < self.max_cpu_loras
@@ -169,6 +184,7 @@ class _Replan:
         written = replicas * 0.5 * 10.0 ** -SHARE_DECIMALS + _SHARE_EPS
         self.pending: dict[int, float] = {int(i): float(1.0 - s) for i, s in enumerate(served) if 1.0 - s > written[i]}
         self.moves: dict[int, str] = {}  # adapter index -> why it left its previous GPU
+        self.kept_whole: set[int] = set()  # GPUs (ids) the others could not absorb: they only fill up meanwhile
 
     def log(self, msg: str) -> None:
         if self.progress:
@@ -268,9 +284,9 @@ class _Replan:
     def fill_room(self) -> None:
         """Put waiting adapters, hottest first, on the least-loaded GPUs that take them without a restart (the
         predictor's check), judge the GPUs that took some, and take back what a GPU the judge fails took (that
-        GPU takes no more); ``REPAIR_ROUNDS`` rounds."""
+        GPU takes no more); ``PLACING_ROUNDS`` rounds."""
         full: set[int] = set()
-        for _ in range(REPAIR_ROUNDS):
+        for _ in range(PLACING_ROUNDS):
             took = self.place_pending(full)
             if not took:
                 return
@@ -297,7 +313,7 @@ class _Replan:
         for i, share in sorted(self.pending.items(), key=lambda e: -req.arriving_tok_s[e[0]] * e[1]):
             rank = int(req.ranks[i])
             fits = sorted((s for s in open_slots if s.room_for(rank) or i in s.shares),
-                          key=lambda s: (s.max_lora_rank != rank, loads[id(s)]))
+                          key=lambda s: (s.max_lora_rank != rank, s.pressure, loads[id(s)]))
             for s in fits[:CANDIDATES]:
                 trial = {**s.shares, i: s.shares.get(i, 0.0) + share}
                 if keeps_up(req, trial, s.a_max, s.max_lora_rank):
@@ -350,8 +366,9 @@ class _Replan:
     def empty_one(self) -> bool:
         """Empty one GPU into the others: new GPUs first (no adapter of theirs has moved in yet), then the
         fewest adapters (the fewest moves), then the lightest (the easiest to absorb)."""
-        fewest = sorted(self.slots, key=lambda s: (s.prev is not None, len(s.shares), self.load(s.shares)))
-        lightest = sorted(self.slots, key=lambda s: (s.prev is not None, self.load(s.shares)))
+        open_slots = [s for s in self.slots if id(s) not in self.kept_whole]
+        fewest = sorted(open_slots, key=lambda s: (s.prev is not None, len(s.shares), self.load(s.shares)))
+        lightest = sorted(open_slots, key=lambda s: (s.prev is not None, self.load(s.shares)))
         tried: set[int] = set()
         for victim in fewest[:CONSOLIDATION_TRIES] + lightest[:CONSOLIDATION_TRIES]:
             if id(victim) in tried or victim.prev is not None and len(victim.shares) > self.moves_left():
@@ -369,6 +386,7 @@ class _Replan:
                 return True
             for s in others:  # undo the trial
                 s.restore(saved[id(s)])
+            self.kept_whole.add(id(victim))
         return False
 
     def merge_lightest(self, excess: int) -> bool:
@@ -450,24 +468,29 @@ class _Replan:
     def absorb(self, victim: _Slot, others: list[_Slot]) -> bool:
         """Move every adapter of ``victim`` onto ``others`` (changing them in place): each to a GPU the
         predictor says takes it, then the twin judges the GPUs that took some; one it fails gives its new
-        adapters back to be placed elsewhere (and takes no more), for ``REPAIR_ROUNDS`` rounds. False when an
+        adapters back to be placed elsewhere (and takes no more), for ``PLACING_ROUNDS`` rounds. False when an
         adapter finds no GPU that passes."""
         req = self.req
         waiting = dict(victim.shares)
         closed: set[int] = set()
-        for _ in range(REPAIR_ROUNDS):
+        for _ in range(PLACING_ROUNDS):
             open_slots = [s for s in others if id(s) not in closed]
             before = {id(s): s.state() for s in open_slots}
             loads = {id(s): self.load(s.shares) for s in open_slots}
             took: dict[_Slot, dict[int, float]] = {}
             for i, share in sorted(waiting.items(), key=lambda e: -req.arriving_tok_s[e[0]] * e[1]):
-                rank = int(req.ranks[i])  # GPUs whose rank holds it first (no restart for rank), least loaded first
-                order = sorted(open_slots, key=lambda s: (s.max_lora_rank < rank, loads[id(s)]))
-                target = self.receiver(i, share, order)
-                if target is None:
-                    return False
-                loads[id(target)] += req.arriving_tok_s[i] * share
-                took.setdefault(target, {})[i] = share
+                parts = self.spread(i, share, [s for s in open_slots if i in s.shares])
+                if not parts:
+                    rank = int(req.ranks[i])  # GPUs whose rank holds it first (no restart for rank), least loaded first
+                    order = sorted(open_slots, key=lambda s: (s.max_lora_rank < rank, s.pressure, loads[id(s)]))
+                    target = self.receiver(i, share, order)
+                    if target is None:
+                        return False
+                    parts = {target: share}
+                for target, part in parts.items():
+                    loads[id(target)] += req.arriving_tok_s[i] * part
+                    added = took.setdefault(target, {})
+                    added[i] = added.get(i, 0.0) + part
             waiting = {}
             ok, rows = self.judge.check([s.group for s in took])
             for (s, added), good, row in zip(took.items(), ok, rows):
@@ -481,6 +504,21 @@ class _Replan:
             if not waiting:
                 return True
         return False
+
+    def spread(self, i: int, share: float, holders: list[_Slot]) -> dict[_Slot, float]:
+        """Spread ``share`` of a replicated adapter ``i`` over the GPUs already serving it, in proportion to
+        their shares, if the predictor says each still passes (they change in place); else nothing. A hot
+        adapter whose traffic fell gives up a replica so, moving nothing else."""
+        if not holders:
+            return {}
+        held = sum(s.shares[i] for s in holders)
+        parts = {s: share * s.shares[i] / held for s in holders}
+        trials = {s: {**s.shares, i: s.shares[i] + part} for s, part in parts.items()}
+        if not all(keeps_up(self.req, t, s.a_max, s.max_lora_rank) for s, t in trials.items()):
+            return {}
+        for s, t in trials.items():
+            s.shares = t
+        return parts
 
     def receiver(self, i: int, share: float, order: list[_Slot]) -> _Slot | None:
         """The first GPU of ``order`` taking adapter ``i`` as it runs, else (a restart, within the budget) at

@@ -100,6 +100,23 @@ def test_a_quieter_day_consolidates_to_a_fresh_plans_gpus_within_the_budget(tmp_
     assert ch["removed_instances"] and all(m["reason"].startswith("consolidation") for m in ch["moves"])
 
 
+def test_hot_adapters_that_cool_give_up_replicas_and_nothing_else_moves(tmp_path):
+    """Two adapters hotter than a GPU cool by a third: the GPUs of their spare replicas are emptied into
+    their other replicas, not by emptying GPUs full of other adapters."""
+    from twin.workload import Adapter
+
+    base = family_workload("log-uniform", 200, 0).adapters
+    _csv, plan = _plan(tmp_path, Workload((Adapter("hot", 8, 300.0), Adapter("warm", 16, 120.0), *base)))
+    cooler = tmp_path / "cooler.csv"
+    write_workload_csv(Workload((Adapter("hot", 8, 200.0), Adapter("warm", 16, 80.0), *base)), cooler)
+    res = _run("replan", cooler, "--previous", plan, "--out", plan, "--json")
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    ch = doc["changes"]
+    assert doc["summary"]["gpus"] <= ch["fresh_plan_gpus"] and ch["removed_instances"]
+    assert set(ch["moved_adapters"]) <= {"hot", "warm"}
+
+
 def test_the_readme_crontab_line_thirty_nights_in_a_row(tmp_path, monkeypatch):
     """The README's nightly line, run on 30 nights of a small fleet (rates walk and cycle weekly, adapters
     come and go, one turns hot and cools), ends with a plan `planner evaluate` passes with a new seed."""
