@@ -184,7 +184,7 @@ class _Replan:
         written = replicas * 0.5 * 10.0 ** -SHARE_DECIMALS + _SHARE_EPS
         self.pending: dict[int, float] = {int(i): float(1.0 - s) for i, s in enumerate(served) if 1.0 - s > written[i]}
         self.moves: dict[int, str] = {}  # adapter index -> why it left its previous GPU
-        self.kept_whole: set[int] = set()  # GPUs (ids) the others could not absorb: they only fill up meanwhile
+        self.kept_whole: set[_Slot] = set()  # GPUs the others could not absorb: they only fill up meanwhile
 
     def log(self, msg: str) -> None:
         if self.progress:
@@ -366,7 +366,7 @@ class _Replan:
     def empty_one(self) -> bool:
         """Empty one GPU into the others: new GPUs first (no adapter of theirs has moved in yet), then the
         fewest adapters (the fewest moves), then the lightest (the easiest to absorb)."""
-        open_slots = [s for s in self.slots if id(s) not in self.kept_whole]
+        open_slots = [s for s in self.slots if s not in self.kept_whole]
         fewest = sorted(open_slots, key=lambda s: (s.prev is not None, len(s.shares), self.load(s.shares)))
         lightest = sorted(open_slots, key=lambda s: (s.prev is not None, self.load(s.shares)))
         tried: set[int] = set()
@@ -386,7 +386,7 @@ class _Replan:
                 return True
             for s in others:  # undo the trial
                 s.restore(saved[id(s)])
-            self.kept_whole.add(id(victim))
+            self.kept_whole.add(victim)
         return False
 
     def merge_lightest(self, excess: int) -> bool:
