@@ -13,17 +13,7 @@ from typing import Any
 
 from planner.packing import GpuGroup, PackRequest, group_scenario
 from planner.placement import Placement
-from planner.verdict import (
-    CONFIRM_DURATION_S,
-    CONFIRM_LOAD,
-    CONFIRM_SEED,
-    DEFAULT_RUN,
-    EVALUATE_DURATION_S,
-    SECOND_SEED,
-    ServiceBar,
-    TwinRun,
-    twin_check,
-)
+from planner.verdict import CONFIRM_LOAD, CONFIRM_SEED, DEFAULT_RUN, SECOND_SEED, ServiceBar, TwinRun, twin_check
 from twin.policies.memory import kv_capacity
 from twin.policies.spec import PolicySpec, policy_record
 from twin.profile import Profile
@@ -157,14 +147,12 @@ def plan_bar(placement: Placement, profile: Profile, objective: str | None = Non
 
 def judging_run(placement: Placement, seed: int, load: float | None = None, **kw) -> TwinRun:
     """How to judge a saved plan with arrival ``seed``: with the plan's own seed as the plan was judged (its
-    load, second seed and duration, so a confirmed plan evaluates with its own figures); with another seed,
-    an hour of the planned traffic once (an independent check of what the plan promised). ``load`` overrides
-    the traffic multiple; ``kw`` the other :class:`TwinRun` fields (a ``duration_s`` of None: as above)."""
+    load and second seed, so a confirmed plan evaluates with its own figures); with another seed, the
+    planned traffic once (an independent check of what the plan promised). ``load`` overrides the traffic
+    multiple; ``kw`` the other :class:`TwinRun` fields."""
     conf = placement.inputs.get("confirmation")
     conf = conf if isinstance(conf, dict) else {}
     own = seed == conf.get("seed", CONFIRM_SEED)
     plan_load = float(conf.get("load") or CONFIRM_LOAD) if own else 1.0
     second = conf.get("second_seed", SECOND_SEED) if own else None
-    if kw.get("duration_s") is None:
-        kw["duration_s"] = float(conf.get("duration_s") or CONFIRM_DURATION_S) if own else EVALUATE_DURATION_S
     return TwinRun(seed=seed, load=plan_load if load is None else load, second_seed=second, **kw)

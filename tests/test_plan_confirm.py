@@ -210,19 +210,3 @@ def test_a_gpu_near_the_edge_is_judged_with_more_traffic():
     assert not judged.meets(bar)[0] and judged.ratio[0] < 0.9, judged.ratio
 
 
-
-
-def test_the_judging_runs_last_half_an_hour_under_the_slo_and_an_hour_by_the_served_share_alone(setup):
-    """A starving GPU serves more of a shorter run (its queue has less time to build): the served share alone
-    is judged on whole hours; evaluate with the plan's seed runs as long as the plan was judged, with
-    another seed an hour."""
-    profile, wl, path, pred = setup
-    assert PlanOptions().run.duration_s == 1800.0
-    assert PlanOptions(objective="throughput").run.duration_s == 3600.0
-    assert PlanOptions(objective="throughput", max_ttft_s=1.0).run.duration_s == 1800.0
-    placement = make_plan(path, wl, profile, pred, PlanOptions(objective="throughput", confirm=False))
-    placement.inputs["confirmation"] = {**PlanOptions(objective="throughput").run.to_dict(), "seed": 0}
-    assert judging_run(placement, 0).duration_s == 3600.0 and judging_run(placement, 1).duration_s == 3600.0
-    placement.inputs["confirmation"] = PlanOptions().run.to_dict()
-    assert judging_run(placement, 0).duration_s == 1800.0 and judging_run(placement, 7).duration_s == 3600.0
-    assert judging_run(placement, 0, duration_s=60.0).duration_s == 60.0

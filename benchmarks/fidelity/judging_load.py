@@ -8,9 +8,9 @@ every GPU in the slowed twin under each rule's runs, and under the ground truth:
 those hours. Rules (one simulated hour each run):
 
 * ``planned+loaded`` (the rule before): the planned traffic with seed 0, then 5 % more with seed 101;
-* ``loaded``: 5 % more traffic with seed 0, one run;
+* ``loaded`` (the rule now, :mod:`planner.verdict`): 5 % more traffic with seed 0, one run;
 * ``loaded_seed_101``: the same with seed 101 (how much the seed decides);
-* ``loaded_halves`` (the rule now, :mod:`planner.verdict`): 5 % more, two half hours (seeds 0 and 101);
+* ``loaded_halves``: 5 % more, two half hours (seeds 0 and 101);
 * ``loaded_twice``: 5 % more with seeds 0 and 101 (twice the work).
 
     python -m benchmarks.fidelity.judging_load [--families ...] [--seeds 0,1,2,3,4] [--adapters 2000]
@@ -29,18 +29,17 @@ from models.predictor import default_predictor
 from planner.confirm import scenarios_of
 from planner.greedy import plan_greedy
 from planner.plan import PlanOptions, pack_request
-from planner.verdict import CONFIRM_LOAD, EVALUATE_DURATION_S, check_of
+from planner.verdict import CONFIRM_DURATION_S, CONFIRM_LOAD, check_of
 from twin import load_profile
 from twin.families import FAMILIES, family_workload
 
 #: Each run a rule makes: (traffic multiple, arrival seed, simulated seconds).
-HOUR = EVALUATE_DURATION_S
 RULES = {
-    "planned+loaded": [(1.0, 0, HOUR), (CONFIRM_LOAD, 101, HOUR)],
-    "loaded": [(CONFIRM_LOAD, 0, HOUR)],
-    "loaded_seed_101": [(CONFIRM_LOAD, 101, HOUR)],
-    "loaded_halves": [(CONFIRM_LOAD, 0, HOUR / 2), (CONFIRM_LOAD, 101, HOUR / 2)],
-    "loaded_twice": [(CONFIRM_LOAD, 0, HOUR), (CONFIRM_LOAD, 101, HOUR)],
+    "planned+loaded": [(1.0, 0, CONFIRM_DURATION_S), (CONFIRM_LOAD, 101, CONFIRM_DURATION_S)],
+    "loaded": [(CONFIRM_LOAD, 0, CONFIRM_DURATION_S)],
+    "loaded_seed_101": [(CONFIRM_LOAD, 101, CONFIRM_DURATION_S)],
+    "loaded_halves": [(CONFIRM_LOAD, 0, CONFIRM_DURATION_S / 2), (CONFIRM_LOAD, 101, CONFIRM_DURATION_S / 2)],
+    "loaded_twice": [(CONFIRM_LOAD, 0, CONFIRM_DURATION_S), (CONFIRM_LOAD, 101, CONFIRM_DURATION_S)],
 }
 
 
@@ -56,7 +55,7 @@ def main() -> None:
     profile = load_profile(args.profile)
     opts = PlanOptions(jobs=2)
     bar = opts.bar(profile)
-    truth_runs = [(1.0, int(s), HOUR) for s in args.truth_seeds.split(",")]
+    truth_runs = [(1.0, int(s), CONFIRM_DURATION_S) for s in args.truth_seeds.split(",")]
     cache: dict[tuple, np.ndarray] = {}
 
     def meets(key: str, scenarios, load: float, seed: int, duration: float) -> np.ndarray:

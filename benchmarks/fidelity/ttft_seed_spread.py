@@ -25,7 +25,7 @@ import numpy as np
 from benchmarks.record import write_result
 from planner.evaluate import evaluate_placement, plan_bar
 from planner.placement import read_placement
-from planner.verdict import EVALUATE_DURATION_S, TwinRun
+from planner.verdict import TwinRun
 from twin import load_profile
 from twin.families import family_workload, write_workload_csv
 
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def misses(placement, wl, profile, bar, seed: int) -> np.ndarray:
-    ev = evaluate_placement(placement, wl, profile, bar, TwinRun(EVALUATE_DURATION_S, seed, 1.0, jobs=2, second_seed=None))
+    ev = evaluate_placement(placement, wl, profile, bar, TwinRun(seed=seed, load=1.0, jobs=2, second_seed=None))
     return np.array([not i.ok for i in ev.instances])
 
 
