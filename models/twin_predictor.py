@@ -36,6 +36,10 @@ class TwinPredictor:
     slowdown: float = 1.0
     arrivals: object = None  # a twin arrival process; None: Poisson
     progress: Callable[[int, int], None] | None = None  # (scenarios done, of) after each one
+    # A scenario expected to see fewer than ``min_requests`` arrivals in ``duration_s`` runs longer, up to
+    # ``max_duration_s``: its p99 figures come from enough requests (0: every scenario runs ``duration_s``).
+    min_requests: float = 0.0
+    max_duration_s: float = 3600.0
 
     @property
     def profile_id(self) -> str:
@@ -44,7 +48,7 @@ class TwinPredictor:
     def predict(self, scenarios: Sequence[GpuScenario]) -> Predictions:
         n = len(scenarios)
         one = partial(_simulate, self.profile.slowed(self.slowdown), self.duration_s, self.seed, self.policy,
-                      self.arrivals)
+                      self.arrivals, self.min_requests, self.max_duration_s)
         if self.jobs > 1 and n > 1:
             pool = worker_pool(self.jobs)
             try:
@@ -104,10 +108,20 @@ def die_with_parent() -> None:
         os._exit(1)
 
 
+def scenario_duration_s(sc: GpuScenario, duration_s: float, min_requests: float, max_duration_s: float) -> float:
+    """How long ``sc`` is simulated: ``duration_s``, or as long as ``min_requests`` arrivals take, up to
+    ``max_duration_s``."""
+    if min_requests <= 0:
+        return duration_s
+    rate = float(np.sum(sc.rates_rps))
+    return duration_s if rate <= 0 else float(np.clip(min_requests / rate, duration_s, max(duration_s, max_duration_s)))
+
+
 def _simulate(profile: Profile, duration_s: float, seed: int, policy: PolicySpec | None, arrivals,
-              sc: GpuScenario) -> tuple[float, ...]:
+              min_requests: float, max_duration_s: float, sc: GpuScenario) -> tuple[float, ...]:
     """(throughput, arriving) tokens/s, p99 TTFT over every arrival, p99 TPOT and mean ITL (ms) of one scenario
     in the twin (a module function: it goes to worker processes)."""
+    duration_s = scenario_duration_s(sc, duration_s, min_requests, max_duration_s)
     workload = Workload(tuple(
         Adapter(f"a{j}", int(sc.ranks[j]), float(sc.rates_rps[j]), float(sc.input_tokens[j]), float(sc.output_tokens[j]))
         for j in range(len(sc))

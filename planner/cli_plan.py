@@ -141,8 +141,9 @@ def plan(workload, profile_id, gpus, algorithm, predictor_kind, policy, policy_p
 @click.argument("placement_file", metavar="PLACEMENT.json", type=click.Path(dir_okay=False))
 @click.argument("workload", type=click.Path(dir_okay=False))
 @click.option("--profile", "profile_id", default=None, help="Profile id or path [the one the plan was made for].")
-@click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=3600.0, show_default=True,
-              help="Simulated seconds of arrivals per GPU.")
+@click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Simulated seconds of arrivals per GPU and run [with the plan's seed: as long as the plan's "
+                   "runs; with another seed: 3600].")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Arrival seed; the plan was judged with 0, another is an independent check.")
 @click.option("--load", type=click.FloatRange(min=0, min_open=True), default=None,
@@ -189,7 +190,7 @@ def evaluate(placement_file, workload, profile_id, duration, seed, load, arrival
         if spec is not None:
             click.echo(f"serving policy {policy_label(ev.policy)}")
         seeds = f"seed {seed}" + ("" if run.second_seed is None else f", then {run.second_seed} if it passes")
-        click.echo(f"each GPU must: {bar.describe()} (twin: {duration:g} s, {seeds}, "
+        click.echo(f"each GPU must: {bar.describe()} (twin: {run.describe_length()}, {seeds}, "
                    f"{'the traffic itself' if run.load == 1.0 else f'{run.load:g} x the traffic'})")
         for i in ev.instances:
             f = i.figures

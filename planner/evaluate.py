@@ -13,7 +13,16 @@ from typing import Any
 
 from planner.packing import GpuGroup, PackRequest, group_scenario
 from planner.placement import Placement
-from planner.verdict import CONFIRM_LOAD, CONFIRM_SEED, DEFAULT_RUN, SECOND_SEED, ServiceBar, TwinRun, twin_check
+from planner.verdict import (
+    CONFIRM_DURATION_S,
+    CONFIRM_LOAD,
+    CONFIRM_SEED,
+    DEFAULT_RUN,
+    SECOND_SEED,
+    ServiceBar,
+    TwinRun,
+    twin_check,
+)
 from twin.policies.memory import kv_capacity
 from twin.policies.spec import PolicySpec, policy_record
 from twin.profile import Profile
@@ -147,12 +156,18 @@ def plan_bar(placement: Placement, profile: Profile, objective: str | None = Non
 
 def judging_run(placement: Placement, seed: int, load: float | None = None, **kw) -> TwinRun:
     """How to judge a saved plan with arrival ``seed``: with the plan's own seed as the plan was judged (its
-    load and second seed, so a confirmed plan evaluates with its own figures); with another seed, the
-    planned traffic once (an independent check of what the plan promised). ``load`` overrides the traffic
-    multiple; ``kw`` the other :class:`TwinRun` fields."""
+    load, second seed and run lengths, so a confirmed plan evaluates with its own figures); with another
+    seed, an hour of the planned traffic once (an independent check of what the plan promised). ``load``
+    overrides the traffic multiple; ``kw`` the other :class:`TwinRun` fields (``duration_s`` None: as above)."""
     conf = placement.inputs.get("confirmation")
     conf = conf if isinstance(conf, dict) else {}
     own = seed == conf.get("seed", CONFIRM_SEED)
     plan_load = float(conf.get("load") or CONFIRM_LOAD) if own else 1.0
     second = conf.get("second_seed", SECOND_SEED) if own else None
+    if own and kw.get("duration_s") is None:  # as long as the plan's runs were
+        kw.update(duration_s=float(conf.get("duration_s") or CONFIRM_DURATION_S),
+                  min_requests=float(conf.get("min_requests") or 0.0),
+                  max_duration_s=float(conf.get("max_duration_s") or CONFIRM_DURATION_S))
+    elif kw.get("duration_s") is None:
+        kw["duration_s"] = CONFIRM_DURATION_S
     return TwinRun(seed=seed, load=plan_load if load is None else load, second_seed=second, **kw)

@@ -13,7 +13,7 @@ from planner.greedy import plan_greedy
 from planner.packing import GpuGroup, PackRequest
 from planner.paper_greedy import plan_paper_greedy
 from planner.placement import Placement, adapter_rows, build_instances, engine_settings, plan_inputs
-from planner.verdict import CONFIRM_DURATION_S, CONFIRM_SEED, ServiceBar, TwinRun
+from planner.verdict import ServiceBar, TwinRun
 from twin.errors import BadInputError
 from twin.profile import Profile
 from twin.workload import Workload
@@ -65,7 +65,9 @@ class PlanOptions:
 
     @property
     def run(self) -> TwinRun:
-        return TwinRun(CONFIRM_DURATION_S, CONFIRM_SEED, jobs=self.jobs)
+        """The twin runs judging each GPU (their length follows the objective; the slowdown does not matter)."""
+        bar = ServiceBar.for_objective(self.objective, 1.0, self.min_served, self.max_ttft_s, self.max_tpot_ms)
+        return TwinRun.for_bar(bar, self.jobs)
 
 
 def pack_request(workload: Workload, profile: Profile, predictor: Predictor, opts: PlanOptions) -> PackRequest:

@@ -43,9 +43,15 @@ def slo_line(c: dict) -> str:
     if c.get("objective") == "throughput":
         line += " (--objective throughput: no latency bound)"
     load = c.get("load") or 1.0
-    line += f"; judged in the twin ({c['duration_s']:.0f} s of Poisson arrivals"
+    if c.get("min_requests"):
+        length = (f"{c['duration_s']:.0f} s of Poisson arrivals, up to {c.get('max_duration_s') or c['duration_s']:.0f} s "
+                  f"until {c['min_requests']:,.0f} have arrived,")
+    else:
+        length = f"{c['duration_s']:.0f} s of Poisson arrivals"
+    line += f"; judged in the twin ({length}"
     if load != 1.0:
         line += f" at {load:g}x the traffic"
+    line = line.rstrip(",")
     if c.get("second_seed") is not None:
         line += f", seed {c['seed']} and again {c['second_seed']}"
     if c.get("slowdown", 1.0) > 1.0:

@@ -210,3 +210,27 @@ def test_a_gpu_near_the_edge_is_judged_with_more_traffic():
     assert not judged.meets(bar)[0] and judged.ratio[0] < 0.9, judged.ratio
 
 
+
+
+def test_a_judging_run_lasts_until_enough_requests_arrived_under_the_slo_and_an_hour_by_the_served_share(setup):
+    """A p99 is as good as the requests it is taken over: under the SLO a GPU with few arrivals runs longer,
+    up to an hour; the served share alone is judged on whole hours (a starving GPU's queue builds all run);
+    evaluate with the plan's seed runs as long as the plan did, with another seed an hour."""
+    from models.twin_predictor import scenario_duration_s
+    from planner.verdict import SLO_MIN_REQUESTS
+
+    profile, wl, path, pred = setup
+    slo, share = PlanOptions().run, PlanOptions(objective="throughput").run
+    assert (slo.duration_s, slo.max_duration_s, slo.min_requests) == (1800.0, 3600.0, SLO_MIN_REQUESTS)
+    assert (share.duration_s, share.min_requests) == (3600.0, 0.0)
+    busy, quiet = (GpuScenario(np.array([8]), np.array([rate]), np.array([300.0]), np.array([200.0]), 1)
+                   for rate in (40.0, 15.0))
+    assert scenario_duration_s(busy, 1800.0, SLO_MIN_REQUESTS, 3600.0) == 1800.0
+    assert scenario_duration_s(quiet, 1800.0, SLO_MIN_REQUESTS, 3600.0) == pytest.approx(SLO_MIN_REQUESTS / 15.0)
+    assert scenario_duration_s(replace(quiet, rates_rps=np.array([1.0])), 1800.0, SLO_MIN_REQUESTS, 3600.0) == 3600.0
+    placement = make_plan(path, wl, profile, pred, PlanOptions(confirm=False))
+    placement.inputs["confirmation"] = slo.to_dict()
+    own, other = judging_run(placement, 0), judging_run(placement, 7)
+    assert (own.duration_s, own.min_requests, own.max_duration_s) == (1800.0, SLO_MIN_REQUESTS, 3600.0)
+    assert (other.duration_s, other.min_requests, other.second_seed) == (3600.0, 0.0, None)
+    assert judging_run(placement, 0, duration_s=60.0).duration_s == 60.0
