@@ -8,10 +8,11 @@ every GPU in the slowed twin under each rule's runs, and under the ground truth:
 those hours. Rules (one simulated hour each run):
 
 * ``planned+loaded`` (the rule before): the planned traffic with seed 0, then 5 % more with seed 101;
-* ``loaded`` (the rule now, :mod:`planner.verdict`): 5 % more traffic with seed 0, one run;
+* ``loaded``: 5 % more traffic with seed 0, one run;
 * ``loaded_seed_101``: the same with seed 101 (how much the seed decides);
 * ``loaded_halves``: 5 % more, two half hours (seeds 0 and 101);
-* ``loaded_twice``: 5 % more with seeds 0 and 101 (twice the work).
+* ``loaded_twice``: 5 % more with seeds 0 and 101 (twice the work): the rule of :mod:`planner.verdict`, whose
+  runs are half hours where they hold 40,000 requests (``python -m benchmarks.fidelity.ttft_seed_spread``).
 
     python -m benchmarks.fidelity.judging_load [--families ...] [--seeds 0,1,2,3,4] [--adapters 2000]
         [--truth-seeds 1,2,3] [--packing-load 1.0]          # -> artifacts/benchmarks/judging_load.json
