@@ -7,6 +7,7 @@ import shlex
 from pathlib import PurePosixPath
 
 from planner.placement import InstancePlan, Placement
+from planner.verdict import run_length_words
 from planner.workload_csv import printable
 from twin.policies.spec import policy_label
 
@@ -43,15 +44,10 @@ def slo_line(c: dict) -> str:
     if c.get("objective") == "throughput":
         line += " (--objective throughput: no latency bound)"
     load = c.get("load") or 1.0
-    if c.get("min_requests"):
-        length = (f"{c['duration_s']:.0f} s of Poisson arrivals, up to {c.get('max_duration_s') or c['duration_s']:.0f} s "
-                  f"until {c['min_requests']:,.0f} have arrived,")
-    else:
-        length = f"{c['duration_s']:.0f} s of Poisson arrivals"
-    line += f"; judged in the twin ({length}"
+    line += "; judged in the twin (" + run_length_words(c["duration_s"], c.get("min_requests") or 0.0,
+                                                      c.get("max_duration_s"), "s of Poisson arrivals")
     if load != 1.0:
-        line += f" at {load:g}x the traffic"
-    line = line.rstrip(",")
+        line += f"{',' if c.get('min_requests') else ''} at {load:g}x the traffic"
     if c.get("second_seed") is not None:
         line += f", seed {c['seed']} and again {c['second_seed']}"
     if c.get("slowdown", 1.0) > 1.0:

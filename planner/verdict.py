@@ -250,9 +250,7 @@ class TwinRun:
 
     def describe_length(self) -> str:
         """How long each run is, in words."""
-        if not self.min_requests:
-            return f"{self.duration_s:g} s"
-        return f"{self.duration_s:g} s, up to {self.max_duration_s:g} s until {self.min_requests:,.0f} have arrived"
+        return run_length_words(self.duration_s, self.min_requests, self.max_duration_s)
 
     def to_dict(self) -> dict[str, Any]:
         """What a plan records of how its GPUs were judged (``inputs.confirmation``)."""
@@ -260,6 +258,15 @@ class TwinRun:
                 "second_seed": self.second_seed,
                 **({"min_requests": self.min_requests, "max_duration_s": self.max_duration_s} if self.min_requests
                    else {})}
+
+
+def run_length_words(duration_s: float, min_requests: float = 0.0, max_duration_s: float | None = None,
+                     unit: str = "s") -> str:
+    """How long a judging run lasts, in words (``unit`` follows the first duration: "s of Poisson arrivals")."""
+    text = f"{duration_s:g} {unit}"
+    if min_requests:
+        text += f", up to {max_duration_s or duration_s:g} s until {min_requests:,.0f} have arrived"
+    return text
 
 
 @dataclass
