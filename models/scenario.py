@@ -49,6 +49,7 @@ class Predictions:
     ttft_ms_p99_all: np.ndarray | None = None
     tpot_ms_p99: np.ndarray | None = None
     itl_ms_mean: np.ndarray | None = None
+    ttft_ms_p999_all: np.ndarray | None = None  # from the twin: p99.9 TTFT over every arrival
 
     def meets_latency(self, scenarios: Sequence[GpuScenario]) -> np.ndarray:
         """Which scenarios are predicted within their latency SLO (true where a figure is not predicted)."""

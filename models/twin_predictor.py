@@ -58,10 +58,10 @@ class TwinPredictor:
                 raise
         else:
             out = self._collect(map(one, scenarios), n)
-        res = np.array(out, float).reshape(n, 5)
+        res = np.array(out, float).reshape(n, 6)
         thr, arriving = res[:, 0].copy(), res[:, 1].copy()
         return Predictions(thr, thr < STARVATION_THRESHOLD * arriving, arriving, res[:, 2].copy(), res[:, 3].copy(),
-                           res[:, 4].copy())
+                           res[:, 4].copy(), res[:, 5].copy())
 
     def _collect(self, results, n: int) -> list:
         out = []
@@ -119,16 +119,17 @@ def scenario_duration_s(sc: GpuScenario, duration_s: float, min_requests: float,
 
 def _simulate(profile: Profile, duration_s: float, seed: int, policy: PolicySpec | None, arrivals,
               min_requests: float, max_duration_s: float, sc: GpuScenario) -> tuple[float, ...]:
-    """(throughput, arriving) tokens/s, p99 TTFT over every arrival, p99 TPOT and mean ITL (ms) of one scenario
-    in the twin (a module function: it goes to worker processes)."""
+    """(throughput, arriving) tokens/s, p99 TTFT over every arrival, p99 TPOT, mean ITL and p99.9 TTFT (ms) of
+    one scenario in the twin (a module function: it goes to worker processes)."""
     duration_s = scenario_duration_s(sc, duration_s, min_requests, max_duration_s)
     workload = Workload(tuple(
         Adapter(f"a{j}", int(sc.ranks[j]), float(sc.rates_rps[j]), float(sc.input_tokens[j]), float(sc.output_tokens[j]))
         for j in range(len(sc))
     ))
     if expected_requests(workload, duration_s) > MAX_SIM_REQUESTS:  # far beyond any GPU: starved, not drawn
-        return 0.0, sc.arriving_tok_s, float("inf"), float("inf"), float("inf")
+        return 0.0, sc.arriving_tok_s, float("inf"), float("inf"), float("inf"), float("inf")
     config = SimConfig(a_max=sc.a_max, duration_s=duration_s, seed=seed, max_lora_rank=sc.max_lora_rank, policy=policy,
                        **({} if arrivals is None else {"arrivals": arrivals}))
     res = simulate(workload, profile, config)
-    return res.total_throughput_tok_s, res.arriving_tok_s, res.ttft_ms_p99_all, res.tpot_ms_p99, res.itl_ms_mean
+    return (res.total_throughput_tok_s, res.arriving_tok_s, res.ttft_ms_p99_all, res.tpot_ms_p99, res.itl_ms_mean,
+            res.ttft_ms_p999_all)

@@ -190,6 +190,8 @@ def evaluate(placement_file, workload, profile_id, duration, seed, load, arrival
         if spec is not None:
             click.echo(f"serving policy {policy_label(ev.policy)}")
         seeds = f"seed {seed}" + ("" if run.second_seed is None else f", then {run.second_seed} if it passes")
+        if run.second_seed is not None and run.burst_seed is not None:
+            seeds += f" (and {run.burst_seed} where p99.9 TTFT is over the limit)"
         click.echo(f"each GPU must: {bar.describe()} (twin: {run.describe_length()}, {seeds}, "
                    f"{'the traffic itself' if run.load == 1.0 else f'{run.load:g} x the traffic'})")
         for i in ev.instances:

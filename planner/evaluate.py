@@ -156,7 +156,7 @@ def plan_bar(placement: Placement, profile: Profile, objective: str | None = Non
 
 def judging_run(placement: Placement, seed: int, load: float | None = None, **kw) -> TwinRun:
     """How to judge a saved plan with arrival ``seed``: with the plan's own seed as the plan was judged (its
-    load, second seed and run lengths, so a confirmed plan evaluates with its own figures); with another
+    load, seeds and run lengths, so a confirmed plan evaluates with its own figures); with another
     seed, an hour of the planned traffic once (an independent check of what the plan promised). ``load``
     overrides the traffic multiple; ``kw`` the other :class:`TwinRun` fields (``duration_s`` None: as above)."""
     conf = placement.inputs.get("confirmation")
@@ -164,9 +164,10 @@ def judging_run(placement: Placement, seed: int, load: float | None = None, **kw
     own = seed == conf.get("seed", CONFIRM_SEED)
     plan_load = float(conf.get("load") or CONFIRM_LOAD) if own else 1.0
     second = conf.get("second_seed", SECOND_SEED) if own else None
+    burst = conf.get("burst_seed") if own else None  # none before plans recorded one
     if kw.get("duration_s") is None:  # with the plan's seed as long as the plan's runs were, else an hour
         kw["duration_s"] = float(conf.get("duration_s") or CONFIRM_DURATION_S) if own else CONFIRM_DURATION_S
         if own and conf.get("min_requests"):
             kw.update(min_requests=float(conf["min_requests"]),
                       max_duration_s=float(conf.get("max_duration_s") or CONFIRM_DURATION_S))
-    return TwinRun(seed=seed, load=plan_load if load is None else load, second_seed=second, **kw)
+    return TwinRun(seed=seed, load=plan_load if load is None else load, second_seed=second, burst_seed=burst, **kw)

@@ -75,6 +75,12 @@ PLACING_ROUNDS = 8
 CANDIDATES = 16
 #: GPUs tried as the one to empty per consolidation step.
 CONSOLIDATION_TRIES = 40
+#: Without ``--max-moves``, the last GPU above the fresh plan (plus the tolerance) is saved only while the
+#: night's moves stay within the adapters whose rate changed by more than MATERIAL_CHANGE plus this share of
+#: all adapters: repacking the least-loaded GPUs to save it moved 1,264 of 2,000 adapters (357 had changed)
+#: on one simulated night, where keeping it a night longer costs one GPU.
+LAST_GPU_MOVES = 0.05
+MATERIAL_CHANGE = 0.25
 
 
 @dataclass(frozen=True)
@@ -185,6 +191,9 @@ class _Replan:
         self.pending: dict[int, float] = {int(i): float(1.0 - s) for i, s in enumerate(served) if 1.0 - s > written[i]}
         self.moves: dict[int, str] = {}  # adapter index -> why it left its previous GPU
         self.kept_whole: set[_Slot] = set()  # GPUs the others could not absorb: they only fill up meanwhile
+        self.cap: int | None = None  # moves allowed in all, without --max-moves (``moves_left``)
+        before = {a["adapter_id"]: a["rate_rps"] for a in previous.adapters}
+        self.changed = materially_changed(before, {a.adapter_id: a.rate_rps for a in req.workload.adapters})
 
     def log(self, msg: str) -> None:
         if self.progress:
@@ -354,6 +363,8 @@ class _Replan:
         groups on the GPU it shares most traffic with, when the budget allows the moves."""
         target = len(fresh) + self.budget.gpu_tolerance
         while len(self.slots) > target:
+            if len(self.slots) == target + 1 and self.budget.max_moves is None:
+                self.cap = self.changed + int(LAST_GPU_MOVES * len(self.req.arriving_tok_s))
             if not self.empty_one() and not self.merge_lightest(len(self.slots) - target):
                 break
         if len(self.slots) > target and self.take_over(list(self.slots), fresh, rows,
@@ -361,7 +372,10 @@ class _Replan:
             self.log(f"consolidation: laid the fresh plan onto the GPUs; {len(self.slots)} GPUs")
 
     def moves_left(self) -> float:
-        return np.inf if self.budget.max_moves is None else self.budget.max_moves - len(self.moves)
+        """Moves the budget still allows: ``--max-moves``, else the cap on saving the last GPU once it is
+        the one left to save (:data:`LAST_GPU_MOVES`), else no limit."""
+        cap = self.budget.max_moves if self.budget.max_moves is not None else self.cap
+        return np.inf if cap is None else cap - len(self.moves)
 
     def empty_one(self) -> bool:
         """Empty one GPU into the others: new GPUs first (no adapter of theirs has moved in yet), then the
@@ -540,6 +554,13 @@ class _Replan:
                 self.restart(s, verdict.a_max, "took adapters of a GPU emptied to save a GPU")
                 return s
         return None
+
+def materially_changed(before: dict[str, float], after: dict[str, float], threshold: float = MATERIAL_CHANGE) -> int:
+    """Adapters in both workloads whose rate changed by more than ``threshold`` (relative, either way)."""
+    bound = np.log1p(threshold)
+    return sum(1 for a, r in after.items()
+               if a in before and abs(np.log(max(r, 1e-9) / max(before[a], 1e-9))) > bound)
+
 
 def replan(previous: Placement, workload_path, req: PackRequest, split_hot: bool = True, confirm: bool = False,
            run: TwinRun = DEFAULT_RUN, bar: ServiceBar = DEFAULT_BAR, budget: ChurnBudget = ChurnBudget(),

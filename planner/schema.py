@@ -102,6 +102,7 @@ class Confirmation(_Open):
     seed: int
     load: Annotated[float, Field(ge=1, le=10, allow_inf_nan=False)] | None = None  # traffic multiple judged
     second_seed: int | None = None  # the seed a GPU that passed was run again with
+    burst_seed: int | None = None  # and, still passing with a p99.9 TTFT over its limit, a third time
     # a GPU expected to see fewer arrivals than this in duration_s ran longer, up to max_duration_s
     min_requests: Annotated[float, Field(ge=0, le=1e8, allow_inf_nan=False)] = 0.0
     max_duration_s: Annotated[float, Field(gt=0, le=86400, allow_inf_nan=False)] | None = None

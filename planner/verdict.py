@@ -67,6 +67,9 @@ CONFIRM_RATIO = round(STARVATION_THRESHOLD + 0.05, 9)
 #: with SECOND_SEED (module docstring).
 CONFIRM_LOAD = 1.05
 SECOND_SEED = 101
+#: A GPU that passes both runs but whose p99.9 TTFT in one of them is over its TTFT limit (a burst of waits
+#: that reached a tenth of a percent of its requests) is run a third time with this seed (module docstring).
+BURST_SEED = 202
 #: Under a latency SLO a judging run lasts as long as this many arrivals take, between SLO_SHORTEST_S and
 #: CONFIRM_DURATION_S (module docstring).
 SLO_MIN_REQUESTS = 40_000.0
@@ -224,6 +227,7 @@ class TwinRun:
     arrivals: object = None  # a twin arrival process; None: Poisson
     jobs: int = 1
     second_seed: int | None = SECOND_SEED  # a GPU that passes with ``seed`` is run again with this one
+    burst_seed: int | None = BURST_SEED  # and, still passing but with a burst in its p99.9 TTFT, with this one
     # a GPU expected to see fewer than ``min_requests`` arrivals in ``duration_s`` runs longer, up to
     # ``max_duration_s`` (0: every GPU runs ``duration_s``)
     min_requests: float = 0.0
@@ -240,13 +244,14 @@ class TwinRun:
     def predictor(self, profile, policy, slowdown: float, min_served: float = CONFIRM_RATIO,
                   progress: Callable[[int, int], None] | None = None) -> TwinPredictor | WorstOfSeeds:
         """The twin as a predictor of the traffic it is given (``load`` is applied by :func:`twin_check`): its
-        figures, or with a second seed the worse of the two runs (:class:`WorstOfSeeds`)."""
+        figures, or with a second seed (and a burst seed) the worst of the runs (:class:`WorstOfSeeds`)."""
         first = TwinPredictor(profile, self.duration_s, self.seed, policy=policy, jobs=self.jobs,
                               slowdown=slowdown, arrivals=self.arrivals, progress=progress,
                               min_requests=self.min_requests, max_duration_s=self.max_duration_s)
         if self.second_seed is None:
             return first
-        return WorstOfSeeds(first, replace(first, seed=self.second_seed, progress=None), min_served)
+        burst = None if self.burst_seed is None else replace(first, seed=self.burst_seed, progress=None)
+        return WorstOfSeeds(first, replace(first, seed=self.second_seed, progress=None), min_served, burst)
 
     def describe_length(self) -> str:
         """How long each run is, in words."""
@@ -255,7 +260,7 @@ class TwinRun:
     def to_dict(self) -> dict[str, Any]:
         """What a plan records of how its GPUs were judged (``inputs.confirmation``)."""
         return {"by": "twin", "duration_s": self.duration_s, "seed": self.seed, "load": self.load,
-                "second_seed": self.second_seed,
+                "second_seed": self.second_seed, "burst_seed": None if self.second_seed is None else self.burst_seed,
                 **({"min_requests": self.min_requests, "max_duration_s": self.max_duration_s} if self.min_requests
                    else {})}
 
@@ -271,12 +276,15 @@ def run_length_words(duration_s: float, min_requests: float = 0.0, max_duration_
 
 @dataclass
 class WorstOfSeeds:
-    """The twin run with one seed and, for the scenarios that pass there (serving ``min_served`` of their
-    tokens within their latency limits), with another: per scenario the worse of each figure."""
+    """The twin run with one seed; the scenarios that pass there (serving ``min_served`` of their tokens within
+    their latency limits) run again with another; and, with ``burst``, those that still pass but whose p99.9
+    TTFT in either run is over their TTFT limit (a burst of waits: BURST_SEED) with a third. Per scenario
+    the worse of each figure."""
 
     first: TwinPredictor
     second: TwinPredictor
     min_served: float
+    burst: TwinPredictor | None = None
     kind: str = "twin"
 
     @property
@@ -289,18 +297,29 @@ class WorstOfSeeds:
 
     def predict(self, scenarios: list[GpuScenario]) -> Predictions:
         pred = self.first.predict(scenarios)
-        ratio = _served(pred)
-        again = (ratio >= self.min_served) & pred.meets_latency(scenarios)
-        if not again.any():
-            return pred
-        other = self.second.predict([sc for sc, a in zip(scenarios, again) if a])
-        ratio[again] = np.fmin(ratio[again], _served(other))
-        worst = {f: getattr(pred, f).copy() for f in ("ttft_ms_p99_all", "tpot_ms_p99", "itl_ms_mean")}
-        for f, values in worst.items():
-            values[again] = np.fmax(values[again], getattr(other, f))
-        starved = pred.starved.copy()
-        starved[again] |= other.starved
-        return Predictions(ratio * pred.arriving_tok_s, starved, pred.arriving_tok_s, **worst)
+        pred = _worst(pred, self.second, scenarios, self._passing(pred, scenarios))
+        if self.burst is not None:
+            limit = np.array([sc.max_ttft_ms for sc in scenarios], float)
+            pred = _worst(pred, self.burst, scenarios, self._passing(pred, scenarios) & (pred.ttft_ms_p999_all > limit))
+        return pred
+
+    def _passing(self, pred: Predictions, scenarios: list[GpuScenario]) -> np.ndarray:
+        return (_served(pred) >= self.min_served) & pred.meets_latency(scenarios)
+
+
+def _worst(pred: Predictions, predictor: TwinPredictor, scenarios: list[GpuScenario], again: np.ndarray) -> Predictions:
+    """``pred`` with the scenarios where ``again`` is true run by ``predictor`` too: the worse of each figure."""
+    if not again.any():
+        return pred
+    other = predictor.predict([sc for sc, a in zip(scenarios, again) if a])
+    ratio = _served(pred)
+    ratio[again] = np.fmin(ratio[again], _served(other))
+    worst = {f: getattr(pred, f).copy() for f in ("ttft_ms_p99_all", "tpot_ms_p99", "itl_ms_mean", "ttft_ms_p999_all")}
+    for f, values in worst.items():
+        values[again] = np.fmax(values[again], getattr(other, f))
+    starved = pred.starved.copy()
+    starved[again] |= other.starved
+    return Predictions(ratio * pred.arriving_tok_s, starved, pred.arriving_tok_s, **worst)
 
 
 def _served(pred: Predictions) -> np.ndarray:

@@ -74,6 +74,7 @@ class SimResult:
     #: wait so far (a lower bound): what a latency SLO is judged on, since a collapsed server finishes few
     #: requests and the p99 of those alone can look fine.
     ttft_ms_p99_all: float
+    ttft_ms_p999_all: float  # the same at p99.9: a burst of waits shows here before it reaches the p99
     tpot_ms_p99: float  # per finished request of >= 2 output tokens: (finish - first token) / (tokens - 1)
     arrived_requests: int
     finished_requests: int
@@ -261,6 +262,7 @@ def _summarise(profile, config, rank, kv_tokens, n_ad, req, state, first_tok, fi
         ttft_ms_p99=float(np.percentile(ttft, 99)) if n_done else float("nan"),
         ttft_ms_mean_study=float(ttft_study),
         ttft_ms_p99_all=float(np.percentile(waited, 99)) * 1000.0 if n_arr else float("nan"),
+        ttft_ms_p999_all=float(np.percentile(waited, 99.9)) * 1000.0 if n_arr else float("nan"),
         tpot_ms_p99=float(np.percentile(tpot, 99)) if tpot.size else float("nan"),
         arrived_requests=n_arr, finished_requests=n_done, rejected_requests=rejected + too_long,
         preemptions=preemptions, adapter_loads=loads, engine_steps=steps,

@@ -14,7 +14,8 @@ Targets (issue "Nightly re-plan"): every night exits 0; GPUs <= fresh + 1 every 
 >= 90 % of nights; moves <= materially changed adapters + 5 % of all; 0 GPUs failing the evaluation.
 
     python -m benchmarks.placement.nightly [--sizes 2000,10000] [--seeds 0,1,2] [--families log-uniform,zipf]
-        [--nights 30] [--max-moves 5%]   # --max-moves: a churn cap, as `planner replan` takes
+        [--nights 30] [--max-moves 5%] [--keep DIR]   # --max-moves: a churn cap, as `planner replan` takes;
+        # --keep: each night's workload and plan, to study its GPUs afterwards
         # -> artifacts/benchmarks/nightly.json
 """
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -31,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.record import result_path, write_result
+from planner.replan import MATERIAL_CHANGE, materially_changed
 from twin.families import fleet_nights, write_workload_csv
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,15 +48,9 @@ def run(args: list[str]) -> tuple[int, float, str, str]:
     return proc.returncode, time.perf_counter() - t0, proc.stdout, proc.stderr
 
 
-def material(before: dict[str, float], after: dict[str, float], threshold: float) -> int:
-    """Adapters in both nights whose rate changed by more than ``threshold`` (relative, either way)."""
-    bound = np.log1p(threshold)
-    return sum(1 for a, r in after.items() if a in before and abs(np.log(max(r, 1e-9) / max(before[a], 1e-9))) > bound)
-
-
 def fleet(family: str, n: int, seed: int, nights: int, threshold: float, work: Path, profile: str,
-          max_moves: str | None):
-    """Each night's row, as the night ends."""
+          max_moves: str | None, keep: Path | None = None):
+    """Each night's row, as the night ends; with ``keep``, each night's workload and plan are copied there."""
     plan = work / "plan.json"
     before: dict[str, float] = {}
     for night, wl in enumerate(fleet_nights(family, n, seed, nights)):
@@ -66,8 +63,8 @@ def fleet(family: str, n: int, seed: int, nights: int, threshold: float, work: P
         else:
             cap = [] if max_moves is None else ["--max-moves", max_moves]
             rc, wall, out, err = run(["replan", str(csv), "--previous", str(plan), "--out", str(plan), *cap, "--json"])
-            row = {"night": night, "exit": rc, "wall_s": round(wall, 2), "materially_changed": material(before, rates,
-                                                                                                        threshold)}
+            row = {"night": night, "exit": rc, "wall_s": round(wall, 2),
+                   "materially_changed": materially_changed(before, rates, threshold)}
             if rc == 0:
                 doc = json.loads(out)
                 ch = doc["changes"]
@@ -88,6 +85,10 @@ def fleet(family: str, n: int, seed: int, nights: int, threshold: float, work: P
             if night == 0:
                 row["gpus"] = ev["gpus"]
         row["adapters"] = len(wl)
+        if keep is not None and rc == 0:
+            keep.mkdir(parents=True, exist_ok=True)
+            shutil.copy(csv, keep / csv.name)
+            shutil.copy(plan, keep / f"plan-{night:02d}.json")
         print(json.dumps(row), flush=True)
         yield row
         before = rates
@@ -113,10 +114,12 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--families", default="log-uniform", help="comma-separated families of twin.families")
     ap.add_argument("--nights", type=int, default=30)
-    ap.add_argument("--material", type=float, default=0.25, help="a rate change above this share is material")
+    ap.add_argument("--material", type=float, default=MATERIAL_CHANGE, help="a rate change above this share is material")
     ap.add_argument("--profile", default="h100-64gb-llama-3.1-8b")
     ap.add_argument("--max-moves", default=None, help="replan --max-moves (default: none, the README's crontab line)")
     ap.add_argument("--out", type=Path, default=result_path("nightly"))
+    ap.add_argument("--keep", type=Path, default=None,
+                    help="copy each night's workload and plan under KEEP/<adapters>-<family>-<seed>/")
     args = ap.parse_args()
     fleets = []
     for n in (int(x) for x in args.sizes.split(",")):
@@ -125,8 +128,9 @@ def main() -> None:
                 rows: list[dict] = []
                 fleets.append({"adapters": n, "seed": seed, "family": family, "nights": rows})
                 with tempfile.TemporaryDirectory(prefix="nightly-") as tmp:
+                    keep = None if args.keep is None else args.keep / f"{n}-{family}-{seed}"
                     for row in fleet(family, n, seed, args.nights, args.material, Path(tmp), args.profile,
-                                     args.max_moves):
+                                     args.max_moves, keep):
                         rows.append(row)
                         fleets[-1]["summary"] = summary(rows, n)
                         # written after every night: an interrupted run keeps the nights done

@@ -1,0 +1,99 @@
+"""Does a judging rule pass GPUs that then miss the SLO in other hours? Measured on re-planned nights.
+
+Re-planned GPUs sit right at their knee: a re-plan fills a GPU until the twin rejects it. This benchmark
+takes the nights ``python -m benchmarks.placement.nightly --keep DIR`` kept (each night's workload and
+plan) and runs every planned GPU in the slowed twin the way the plan judged it (5 % more traffic, seeds 0
+and 101, and the burst seed 202) and on ``--hours`` other hours of its planned traffic (``planner
+evaluate --seed 1000*night + k``, k = 0 the nightly benchmark's own check). Per rule: the GPUs it passes,
+and of those the ones missing the SLO in some other hour. Rules:
+
+* ``two_seeds``: seeds 0 and 101 (the rule before the burst seed);
+* ``three_seeds``: seeds 0, 101 and 202 on every GPU;
+* ``burst``: a third run (seed 202) only where p99.9 TTFT of one of the first two is over the limit
+  (:mod:`planner.verdict`).
+
+    python -m benchmarks.fidelity.burst_rule KEPT_DIR [KEPT_DIR ...] [--hours 6] [--out NAME]
+        # -> artifacts/benchmarks/burst_rule.json
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.record import write_result
+from models.scenario import Predictions
+from planner.evaluate import evaluation_request, plan_bar
+from planner.packing import group_scenario
+from planner.placement import read_placement
+from planner.verdict import BURST_SEED, CONFIRM_SEED, SECOND_SEED, TwinRun
+from planner.workload_csv import read_workload
+from twin import load_profile
+from twin.progress import Progress
+
+
+def misses(pred: Predictions, limits: tuple[np.ndarray, np.ndarray], min_served: float) -> np.ndarray:
+    """Which scenarios miss: served share under ``min_served``, p99 TTFT or TPOT over their limits."""
+    served = np.divide(pred.throughput_tok_s, pred.arriving_tok_s, out=np.ones_like(pred.arriving_tok_s),
+                       where=pred.arriving_tok_s > 0)
+    return (served < min_served) | (pred.ttft_ms_p99_all > limits[0]) | (pred.tpot_ms_p99 > limits[1])
+
+
+def night(plan_path: Path, hours: int, jobs: int) -> dict:
+    """One kept night: per GPU, its judging runs' verdicts and the other hours it misses."""
+    placement = read_placement(plan_path)
+    number = int(plan_path.stem.split("-")[1])
+    workload = read_workload(plan_path.parent / f"night-{number:02d}.csv")
+    profile = load_profile(placement.inputs["profile_id"])
+    bar = plan_bar(placement, profile)
+    req = evaluation_request(placement, workload, profile, bar, None)
+    index = {a.adapter_id: i for i, a in enumerate(req.workload.adapters)}
+    scenarios = [group_scenario(req, {index[a]: s for a, s in inst.adapters.items()}, inst.a_max,
+                                max_lora_rank=inst.max_lora_rank) for inst in placement.instances if inst.adapters]
+    limits = (np.array([sc.max_ttft_ms for sc in scenarios]), np.array([sc.max_tpot_ms for sc in scenarios]))
+    judging = TwinRun.for_bar(bar, jobs)
+    loaded = [replace(sc, rates_rps=sc.rates_rps * judging.load) for sc in scenarios]
+    runs = {}
+    for seed in (CONFIRM_SEED, SECOND_SEED, BURST_SEED):
+        pred = replace(judging, seed=seed, second_seed=None).predictor(profile, None, bar.slowdown).predict(loaded)
+        runs[seed] = (misses(pred, limits, bar.min_served), pred.ttft_ms_p999_all > limits[0])
+    other = [misses(replace(judging, seed=1000 * number + k, load=1.0, duration_s=3600.0, min_requests=0.0,
+                            second_seed=None).predictor(profile, None, bar.slowdown).predict(scenarios),
+                    limits, bar.min_served) for k in range(hours)]
+    two = ~runs[CONFIRM_SEED][0] & ~runs[SECOND_SEED][0]
+    burst_shown = runs[CONFIRM_SEED][1] | runs[SECOND_SEED][1]
+    rules = {"two_seeds": two, "three_seeds": two & ~runs[BURST_SEED][0],
+             "burst": two & (~burst_shown | ~runs[BURST_SEED][0])}
+    missed = np.any(other, axis=0)
+    return {"plan": str(plan_path), "gpus": len(scenarios), "third_runs": int((two & burst_shown).sum()),
+            **{name: {"passed": int(ok.sum()), "missing_another_hour": int((ok & missed).sum()),
+                      "gpu_hours_missed": int((np.array(other) & ok).sum())} for name, ok in rules.items()}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("kept", nargs="+", type=Path, help="folders of `nightly --keep` (night-NN.csv, plan-NN.json)")
+    ap.add_argument("--hours", type=int, default=6, help="other simulated hours per GPU")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--out", default="burst_rule")
+    args = ap.parse_args()
+    plans = sorted(p for d in args.kept for p in d.glob("plan-*.json"))
+    rows = []
+    progress = Progress(len(plans), "nights", every_s=10.0)
+    for path in plans:
+        rows.append(night(path, args.hours, args.jobs))
+        totals = {"gpu_nights": sum(r["gpus"] for r in rows), "third_runs": sum(r["third_runs"] for r in rows),
+                  **{name: {k: sum(r[name][k] for r in rows) for k in rows[0][name]}
+                     for name in ("two_seeds", "three_seeds", "burst")}}
+        write_result(args.out, {"benchmark": "burst_rule", "kept": [str(d) for d in args.kept],
+                                "hours": args.hours, "totals": totals, "nights": rows})
+        progress.advance()
+    progress.close()
+    print(totals)
+
+
+if __name__ == "__main__":
+    main()
