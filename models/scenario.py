@@ -50,6 +50,7 @@ class Predictions:
     tpot_ms_p99: np.ndarray | None = None
     itl_ms_mean: np.ndarray | None = None
     ttft_ms_p999_all: np.ndarray | None = None  # from the twin: p99.9 TTFT over every arrival
+    within_tail: np.ndarray | None = None  # from a judging run: p99.9 TTFT within its bound (planner.verdict)
 
     def meets_latency(self, scenarios: Sequence[GpuScenario]) -> np.ndarray:
         """Which scenarios are predicted within their latency SLO (true where a figure is not predicted)."""
@@ -57,7 +58,7 @@ class Predictions:
         for figure, limit in ((self.ttft_ms_p99_all, "max_ttft_ms"), (self.tpot_ms_p99, "max_tpot_ms")):
             if figure is not None:
                 ok &= ~(figure > np.array([getattr(s, limit) for s in scenarios]))  # NaN (no request): no miss
-        return ok
+        return ok if self.within_tail is None else ok & self.within_tail
 
 
 class Predictor(Protocol):

@@ -13,6 +13,7 @@ import sys
 import click
 
 from planner.formats import FORMATS, render
+from planner.verdict import TAIL_FACTOR
 from twin.atomic import json_safe
 from twin.errors import LoraPlannerError
 from twin.simulate import STARVATION_THRESHOLD
@@ -89,6 +90,10 @@ def confirm_options(fn):
     """:func:`slo_options` plus ``--confirm/--no-confirm`` and ``--jobs`` (planner.confirm)."""
     fn = click.option("--jobs", type=click.IntRange(min=1), default=None,
                       help="Processes simulating GPUs in the twin [CPU cores].")(fn)
+    fn = click.option("--tail-factor", "tail_factor", type=click.FloatRange(min=0), default=None, metavar="FACTOR",
+                      help=f"In each judging run a GPU's p99.9 TTFT must stay within FACTOR x its TTFT limit "
+                           f"[{TAIL_FACTOR:g}]: requests left waiting that long for a LoRA slot mark a GPU whose p99 "
+                           f"jumps over the limit from one hour to the next. 0: no such bound.")(fn)
     fn = slo_options(fn)
     return click.option("--confirm/--no-confirm", default=True, show_default=True,
                         help="Judge every planned GPU in the twin (the run `planner evaluate` makes) and, for greedy, "
@@ -100,6 +105,11 @@ def slo_settings(objective: str, max_ttft: float | None, max_tpot: float | None,
     """The :class:`planner.plan.PlanOptions` fields of :func:`slo_options`."""
     return {"objective": objective, "max_ttft_s": max_ttft, "max_tpot_ms": max_tpot, "min_served": min_served,
             "slowdown": slowdown}
+
+
+def tail_setting(tail_factor: float | None) -> float | None:
+    """``--tail-factor``: the default when not given, 0 for no bound."""
+    return TAIL_FACTOR if tail_factor is None else tail_factor or None
 
 
 def jobs_or_cores(jobs: int | None) -> int:

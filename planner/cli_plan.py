@@ -17,6 +17,7 @@ from planner.cli_common import (
     show_placement,
     slo_options,
     slo_settings,
+    tail_setting,
     user_errors,
 )
 from twin.progress import counter, say
@@ -93,8 +94,8 @@ def load_predictor_for(profile, kind: str, policy=None):
               help="Write a PNG of each GPU's load, served share and p99 TTFT against the SLO (needs matplotlib).")
 @user_errors
 def plan(workload, profile_id, gpus, algorithm, predictor_kind, policy, policy_params, headroom, input_tokens,
-         output_tokens, split_hot, balance, confirm, objective, max_ttft, max_tpot, min_served, slowdown, jobs, seed,
-         out, fmt, as_json, model, adapter_dir, port_base, image, manifest_name, plot) -> None:
+         output_tokens, split_hot, balance, confirm, objective, max_ttft, max_tpot, min_served, slowdown, tail_factor, jobs,
+         seed, out, fmt, as_json, model, adapter_dir, port_base, image, manifest_name, plot) -> None:
     """Plan the fewest GPUs that serve WORKLOAD, which adapter goes where, and each GPU's --max-loras.
 
     WORKLOAD is a CSV with one row per adapter
@@ -118,13 +119,14 @@ def plan(workload, profile_id, gpus, algorithm, predictor_kind, policy, policy_p
     predictor = load_predictor_for(profile, predictor_kind, policy_from_cli(policy, policy_params))
     opts = PlanOptions(algorithm=algorithm, gpus=gpus, headroom=headroom, seed=seed, input_tokens=input_tokens,
                        output_tokens=output_tokens, split_hot=split_hot, balance=balance, confirm=confirm,
-                       jobs=jobs_or_cores(jobs), **slo_settings(objective, max_ttft, max_tpot, min_served, slowdown))
+                       jobs=jobs_or_cores(jobs), tail_factor=tail_setting(tail_factor),
+                       **slo_settings(objective, max_ttft, max_tpot, min_served, slowdown))
     t0 = time.perf_counter()
     placement = make_plan(workload, wl, profile, predictor, opts, progress=say)
     placement.inputs["plan_wall_s"] = round(time.perf_counter() - t0, 6)
     s = placement.summary()
     if out and s["all_ok"]:
-        write_json_atomic(out, placement.to_dict())
+        write_json_atomic(out, placement.to_dict(), one_per_line=True)
     if plot:
         from planner.plot import plot_placement
 
@@ -190,8 +192,8 @@ def evaluate(placement_file, workload, profile_id, duration, seed, load, arrival
         if spec is not None:
             click.echo(f"serving policy {policy_label(ev.policy)}")
         seeds = f"seed {seed}" + ("" if run.second_seed is None else f", then {run.second_seed} if it passes")
-        if run.second_seed is not None and run.burst_seed is not None:
-            seeds += f" (and {run.burst_seed} where p99.9 TTFT is over the limit)"
+        if run.tail_factor is not None and bar.max_ttft_s is not None:
+            seeds += f", p99.9 TTFT within {run.tail_factor:g}x the limit"
         click.echo(f"each GPU must: {bar.describe()} (twin: {run.describe_length()}, {seeds}, "
                    f"{'the traffic itself' if run.load == 1.0 else f'{run.load:g} x the traffic'})")
         for i in ev.instances:
@@ -255,8 +257,8 @@ holds the lock on --out (nothing was done). On any failure the files are left as
 @render_options
 @user_errors
 def replan(workload, previous_file, out, profile_id, gpus, predictor_kind, headroom, split_hot, max_moves, max_restarts,
-           gpu_tolerance, confirm, objective, max_ttft, max_tpot, min_served, slowdown, jobs, fmt, as_json, model,
-           adapter_dir, port_base, image, manifest_name) -> None:
+           gpu_tolerance, confirm, objective, max_ttft, max_tpot, min_served, slowdown, tail_factor, jobs, fmt, as_json,
+           model, adapter_dir, port_base, image, manifest_name) -> None:
     """Re-plan for WORKLOAD from the deployed placement: every GPU passes, then the fewest GPUs, then the least churn.
 
     Every GPU is judged in the twin as `planner plan` judges it (by the previous plan's SLO unless
@@ -289,12 +291,12 @@ def replan(workload, previous_file, out, profile_id, gpus, predictor_kind, headr
                        slowdown)
         opts = PlanOptions(gpus=gpus, headroom=headroom, confirm=confirm, jobs=jobs_or_cores(jobs),
                            objective=bar.objective, max_ttft_s=bar.max_ttft_s, max_tpot_ms=bar.max_tpot_ms,
-                           min_served=bar.min_served, slowdown=bar.slowdown)
+                           min_served=bar.min_served, slowdown=bar.slowdown, tail_factor=tail_setting(tail_factor))
         req = pack_request(wl, profile, load_predictor_for(profile, predictor_kind, policy), opts)
         budget = ChurnBudget.parse(max_moves, max_restarts, gpu_tolerance, len(wl))
         placement = run_replan(previous, workload, req, split_hot=split_hot, confirm=confirm, run=opts.run, bar=bar,
                                budget=budget, progress=say)
-        write_json_atomic(out, placement.to_dict())
+        write_json_atomic(out, placement.to_dict(), one_per_line=True)
     show_placement(placement, profile, fmt, as_json, model, port_base, adapter_dir, image, manifest_name)
     if fmt == "table" and not as_json:
         click.echo(f"written to {out}")

@@ -13,7 +13,7 @@ from planner.greedy import plan_greedy
 from planner.packing import GpuGroup, PackRequest
 from planner.paper_greedy import plan_paper_greedy
 from planner.placement import Placement, adapter_rows, build_instances, engine_settings, plan_inputs
-from planner.verdict import ServiceBar, TwinRun
+from planner.verdict import TAIL_FACTOR, ServiceBar, TwinRun
 from twin.errors import BadInputError
 from twin.profile import Profile
 from twin.workload import Workload
@@ -57,6 +57,7 @@ class PlanOptions:
     max_tpot_ms: float | None = None  # the SLO's p99 TPOT [verdict.DEFAULT_MAX_TPOT_MS with objective slo]
     min_served: float | None = None  # share of arriving tokens served [verdict.CONFIRM_RATIO]
     slowdown: float | None = None  # the twin's GPU this much slower [the profile's planning.slowdown]
+    tail_factor: float | None = TAIL_FACTOR  # judging runs' bound on p99.9 TTFT, times the limit (None: none)
 
     def bar(self, profile: Profile) -> ServiceBar:
         """What the twin requires of each GPU of this plan (before its adapters' own SLOs)."""
@@ -67,7 +68,7 @@ class PlanOptions:
     def run(self) -> TwinRun:
         """The twin runs judging each GPU (their length follows the objective; the slowdown does not matter)."""
         bar = ServiceBar.for_objective(self.objective, 1.0, self.min_served, self.max_ttft_s, self.max_tpot_ms)
-        return TwinRun.for_bar(bar, self.jobs)
+        return TwinRun.for_bar(bar, self.jobs, self.tail_factor)
 
 
 def pack_request(workload: Workload, profile: Profile, predictor: Predictor, opts: PlanOptions) -> PackRequest:

@@ -50,8 +50,8 @@ def slo_line(c: dict) -> str:
         line += f"{',' if c.get('min_requests') else ''} at {load:g}x the traffic"
     if c.get("second_seed") is not None:
         line += f", seed {c['seed']} and again {c['second_seed']}"
-        if c.get("burst_seed") is not None:
-            line += f" (and {c['burst_seed']} where p99.9 TTFT is over the limit)"
+    if c.get("tail_factor") is not None and c.get("max_ttft_s") is not None:
+        line += f", p99.9 TTFT within {c['tail_factor']:g}x the limit"
     if c.get("slowdown", 1.0) > 1.0:
         line += f", on a GPU {c['slowdown'] - 1:.0%} slower than the profile: its safety margin"
     return line + ")"

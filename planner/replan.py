@@ -29,7 +29,8 @@ accepted by the twin):
   up a replica and nothing else moves; a GPU that could not be emptied is not tried again); when no
   GPU can be emptied, the adapters of the least-loaded few are packed again onto fewer; and when that
   cannot reach the target either, the fresh plan is laid onto the GPUs (each of its groups on the GPU it
-  shares most traffic with), within the budget.
+  shares most traffic with), within the budget. Without ``--max-moves`` the last GPU above the target is
+  saved only within the adapters whose rate changed materially plus 5 % (``LAST_GPU_MOVES``).
 * New groups take over the GPUs of previous instances left with nothing, the ones sharing most adapters
   first, so one engine reloads adapters instead of one stopping and another starting.
 
@@ -193,7 +194,7 @@ class _Replan:
         self.kept_whole: set[_Slot] = set()  # GPUs the others could not absorb: they only fill up meanwhile
         self.cap: int | None = None  # moves allowed in all, without --max-moves (``moves_left``)
         before = {a["adapter_id"]: a["rate_rps"] for a in previous.adapters}
-        self.changed = materially_changed(before, {a.adapter_id: a.rate_rps for a in req.workload.adapters})
+        self.changed_materially = materially_changed(before, {a.adapter_id: a.rate_rps for a in req.workload.adapters})
 
     def log(self, msg: str) -> None:
         if self.progress:
@@ -364,7 +365,7 @@ class _Replan:
         target = len(fresh) + self.budget.gpu_tolerance
         while len(self.slots) > target:
             if len(self.slots) == target + 1 and self.budget.max_moves is None:
-                self.cap = self.changed + int(LAST_GPU_MOVES * len(self.req.arriving_tok_s))
+                self.cap = self.changed_materially + int(LAST_GPU_MOVES * len(self.req.arriving_tok_s))
             if not self.empty_one() and not self.merge_lightest(len(self.slots) - target):
                 break
         if len(self.slots) > target and self.take_over(list(self.slots), fresh, rows,
@@ -554,6 +555,7 @@ class _Replan:
                 self.restart(s, verdict.a_max, "took adapters of a GPU emptied to save a GPU")
                 return s
         return None
+
 
 def materially_changed(before: dict[str, float], after: dict[str, float], threshold: float = MATERIAL_CHANGE) -> int:
     """Adapters in both workloads whose rate changed by more than ``threshold`` (relative, either way)."""

@@ -50,6 +50,7 @@ class TwinFigures(_Closed):
     ttft_ms_p99: NonNegative | None = None
     tpot_ms_p99: NonNegative | None = None
     itl_ms_mean: NonNegative | None = None
+    ttft_ms_p999: NonNegative | None = None
     max_ttft_ms: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
     max_tpot_ms: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
     meets: bool
@@ -102,7 +103,8 @@ class Confirmation(_Open):
     seed: int
     load: Annotated[float, Field(ge=1, le=10, allow_inf_nan=False)] | None = None  # traffic multiple judged
     second_seed: int | None = None  # the seed a GPU that passed was run again with
-    burst_seed: int | None = None  # and, still passing with a p99.9 TTFT over its limit, a third time
+    # in each run p99.9 TTFT was within this many times the TTFT limit (None: not bounded)
+    tail_factor: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
     # a GPU expected to see fewer arrivals than this in duration_s ran longer, up to max_duration_s
     min_requests: Annotated[float, Field(ge=0, le=1e8, allow_inf_nan=False)] = 0.0
     max_duration_s: Annotated[float, Field(gt=0, le=86400, allow_inf_nan=False)] | None = None

@@ -13,8 +13,9 @@ GPU ``bar.slowdown`` times slower than the profile says, and the GPU passes when
   (the workload's ``max_ttft_s`` / ``max_tpot_ms`` columns) tightens it for the GPU that serves it.
 
 The run is made with :data:`CONFIRM_LOAD` times the GPU's traffic, and a GPU that passes is run again with
-seed :data:`SECOND_SEED`; its figures are the worse of the two runs. Under a latency SLO each run lasts as
-long as :data:`SLO_MIN_REQUESTS` arrivals take, between half an hour and an hour (:meth:`TwinRun.for_bar`):
+seed :data:`SECOND_SEED`; its figures are the worse of the two runs, and in neither may more than a tenth
+of a percent of its requests wait :data:`TAIL_FACTOR` times its TTFT limit. Under a latency SLO each run lasts as long as :data:`SLO_MIN_REQUESTS` arrivals take, between
+half an hour and an hour (:meth:`TwinRun.for_bar`):
 a p99 is as good as the requests it is taken over. Half hours passed no GPU that missed the SLO in another
 hour where they held 40,000 requests or more (random 2,000-adapter plans of log-uniform rates and hot
 adapters, 0 of 1,404 GPU-hours), but with mixed request lengths (about 9,000 requests per half hour) 6 of
@@ -31,9 +32,19 @@ judged at 0.9 s with 5 % more traffic and seed 0 took 5-8 s with seeds 101-103 a
 traffic and seed 1. Of the rules tried on 851 GPUs of packings aimed at the planned traffic (random
 2,000-adapter fleets, six families x 5 seeds), this one passed 609 and none that then missed the SLO in
 one of three other hours of the planned traffic; one run with 5 % more passed 625 and 1 of those missed
-(``python -m benchmarks.fidelity.judging_load``). Throughput is the served share times the planned
-arriving tokens. ``planner evaluate --seed N`` with another seed judges the planned traffic itself, once:
-an independent check of what the plan promised.
+(``python -m benchmarks.fidelity.judging_load``).
+
+Two runs still passed a GPU now and then that then missed the SLO in many other hours. Those GPUs leave
+a few of their requests waiting minutes in every run: a re-planned GPU of 23 adapters on ``--max-loras``
+16 passed at 1.8 and 1.1 s p99 TTFT with a p99.9 of 170 s and missed the SLO in 5 of 6 other hours;
+one of 17 adapters on 15 passed at 0.74 s with 210 s, and missed in 2 of 8. An adapter that finds no
+free LoRA slot waits until a running one drains, and when such waits reach one request in a hundred
+the p99 is gone. So in each judging run the p99.9 TTFT must also stay within :data:`TAIL_FACTOR` times
+the limit (``TwinRun.tail_factor``): a request left waiting 20 s has been given up by an interactive
+user anyway (``python -m benchmarks.fidelity.knee_rules`` on nights ``benchmarks.placement.nightly
+--keep`` kept; docs/planning.md). Throughput is the served share times the planned arriving tokens.
+``planner evaluate --seed N`` with another seed judges the planned traffic itself, once, by the SLO: an
+independent check of what the plan promised.
 
 The default SLO, p99 TTFT <= 2 s and p99 TPOT <= 200 ms, is the interactive bound MLCommons sets for
 its LLM server benchmarks (MLPerf Inference, Llama-2-70B server scenario): a user sees the first token
@@ -67,9 +78,10 @@ CONFIRM_RATIO = round(STARVATION_THRESHOLD + 0.05, 9)
 #: with SECOND_SEED (module docstring).
 CONFIRM_LOAD = 1.05
 SECOND_SEED = 101
-#: A GPU that passes both runs but whose p99.9 TTFT in one of them is over its TTFT limit (a burst of waits
-#: that reached a tenth of a percent of its requests) is run a third time with this seed (module docstring).
-BURST_SEED = 202
+#: In a judging run a GPU's p99.9 TTFT must stay within this many times its TTFT limit: requests left
+#: waiting for a LoRA slot that long mark a GPU whose p99 jumps over the limit from one hour to the next
+#: (module docstring). Only a judging run's rule: ``planner evaluate`` with another seed checks the SLO.
+TAIL_FACTOR = 10.0
 #: Under a latency SLO a judging run lasts as long as this many arrivals take, between SLO_SHORTEST_S and
 #: CONFIRM_DURATION_S (module docstring).
 SLO_MIN_REQUESTS = 40_000.0
@@ -159,6 +171,8 @@ class TwinCheck:
     itl_ms_mean: np.ndarray
     max_ttft_ms: np.ndarray  # the GPU's limits (inf: none)
     max_tpot_ms: np.ndarray
+    ttft_ms_p999: np.ndarray  # p99.9 TTFT over every arrival, and its bound in a judging run (inf: none)
+    max_ttft_p999_ms: np.ndarray
 
     def keeps_up(self, bar: ServiceBar) -> np.ndarray:
         return self.ratio >= bar.min_served
@@ -168,7 +182,8 @@ class TwinCheck:
 
     def meets_latency(self) -> np.ndarray:
         # NaN (no request arrived or finished) is no miss
-        return ~(self.ttft_ms_p99 > self.max_ttft_ms) & ~(self.tpot_ms_p99 > self.max_tpot_ms)
+        return (~(self.ttft_ms_p99 > self.max_ttft_ms) & ~(self.tpot_ms_p99 > self.max_tpot_ms)
+                & ~(self.ttft_ms_p999 > self.max_ttft_p999_ms))
 
     def misses(self, k: int, bar: ServiceBar) -> list[str]:
         """What GPU ``k`` misses, in words (empty when it passes)."""
@@ -179,6 +194,9 @@ class TwinCheck:
             out.append(f"p99 TTFT {self.ttft_ms_p99[k] / 1000:,.1f} s > {self.max_ttft_ms[k] / 1000:g} s")
         if self.tpot_ms_p99[k] > self.max_tpot_ms[k]:
             out.append(f"p99 TPOT {self.tpot_ms_p99[k]:,.0f} ms > {self.max_tpot_ms[k]:g} ms")
+        if self.ttft_ms_p999[k] > self.max_ttft_p999_ms[k]:
+            out.append(f"p99.9 TTFT {self.ttft_ms_p999[k] / 1000:,.0f} s > {self.max_ttft_p999_ms[k] / 1000:g} s "
+                       "(requests left waiting for a LoRA slot)")
         return out
 
     def select(self, mask: np.ndarray) -> TwinCheck:
@@ -190,7 +208,7 @@ class TwinCheck:
         return {
             "served": round(float(self.ratio[k]), 4), "throughput_tok_s": round(float(self.throughput_tok_s[k]), 1),
             "ttft_ms_p99": _ms(self.ttft_ms_p99[k]), "tpot_ms_p99": _ms(self.tpot_ms_p99[k]),
-            "itl_ms_mean": _ms(self.itl_ms_mean[k]),
+            "itl_ms_mean": _ms(self.itl_ms_mean[k]), "ttft_ms_p999": _ms(self.ttft_ms_p999[k]),
             "max_ttft_ms": None if np.isinf(self.max_ttft_ms[k]) else float(self.max_ttft_ms[k]),
             "max_tpot_ms": None if np.isinf(self.max_tpot_ms[k]) else float(self.max_tpot_ms[k]),
             "meets": bool(self.meets(bar)[k]),
@@ -198,22 +216,29 @@ class TwinCheck:
 
 
 _FIELDS = ("ratio", "ttft_ms_p99", "tpot_ms_p99", "throughput_tok_s", "arriving_tok_s", "itl_ms_mean", "max_ttft_ms",
-           "max_tpot_ms")
+           "max_tpot_ms", "ttft_ms_p999", "max_ttft_p999_ms")
 
 
 def _ms(x: float) -> float | None:
     return None if not np.isfinite(x) else round(float(x), 1)
 
 
-def check_of(pred: Predictions, scenarios: list[GpuScenario], load: float = 1.0) -> TwinCheck:
+def check_of(pred: Predictions, scenarios: list[GpuScenario], load: float = 1.0,
+             tail_factor: float | None = None) -> TwinCheck:
     """A twin run's :class:`Predictions` of ``scenarios`` (which carry each GPU's latency limits) as a check,
     the run made with ``load`` times their traffic: throughput and arriving tokens are the planned traffic's
-    (the served share times it)."""
+    (the served share times it). ``tail_factor``: a judging run's bound on p99.9 TTFT, times the limit."""
     ratio = _served(pred)
     planned = pred.arriving_tok_s / load
+    p999 = pred.ttft_ms_p999_all if pred.ttft_ms_p999_all is not None else np.full(len(scenarios), np.nan)
     return TwinCheck(ratio, pred.ttft_ms_p99_all, pred.tpot_ms_p99, ratio * planned, planned, pred.itl_ms_mean,
                      np.array([s.max_ttft_ms for s in scenarios], float),
-                     np.array([s.max_tpot_ms for s in scenarios], float))
+                     np.array([s.max_tpot_ms for s in scenarios], float), p999, tail_bound(scenarios, tail_factor))
+
+
+def tail_bound(scenarios: list[GpuScenario], tail_factor: float | None) -> np.ndarray:
+    """Each scenario's bound on p99.9 TTFT in a judging run (ms; inf: none)."""
+    return np.array([s.max_ttft_ms for s in scenarios], float) * (np.inf if tail_factor is None else tail_factor)
 
 
 @dataclass(frozen=True)
@@ -227,31 +252,31 @@ class TwinRun:
     arrivals: object = None  # a twin arrival process; None: Poisson
     jobs: int = 1
     second_seed: int | None = SECOND_SEED  # a GPU that passes with ``seed`` is run again with this one
-    burst_seed: int | None = BURST_SEED  # and, still passing but with a burst in its p99.9 TTFT, with this one
+    tail_factor: float | None = TAIL_FACTOR  # p99.9 TTFT within this many times the limit (None: no bound)
     # a GPU expected to see fewer than ``min_requests`` arrivals in ``duration_s`` runs longer, up to
     # ``max_duration_s`` (0: every GPU runs ``duration_s``)
     min_requests: float = 0.0
     max_duration_s: float = CONFIRM_DURATION_S
 
     @classmethod
-    def for_bar(cls, bar: ServiceBar, jobs: int = 1) -> TwinRun:
+    def for_bar(cls, bar: ServiceBar, jobs: int = 1, tail_factor: float | None = TAIL_FACTOR) -> TwinRun:
         """The judging runs for ``bar``: as long as SLO_MIN_REQUESTS arrivals take (half an hour to an hour)
         under a latency SLO, whole hours by the served share alone (module docstring)."""
         if bar.objective == "slo":
-            return cls(SLO_SHORTEST_S, jobs=jobs, min_requests=SLO_MIN_REQUESTS, max_duration_s=CONFIRM_DURATION_S)
-        return cls(CONFIRM_DURATION_S, jobs=jobs)
+            return cls(SLO_SHORTEST_S, jobs=jobs, min_requests=SLO_MIN_REQUESTS, max_duration_s=CONFIRM_DURATION_S,
+                       tail_factor=tail_factor)
+        return cls(CONFIRM_DURATION_S, jobs=jobs, tail_factor=tail_factor)
 
     def predictor(self, profile, policy, slowdown: float, min_served: float = CONFIRM_RATIO,
                   progress: Callable[[int, int], None] | None = None) -> TwinPredictor | WorstOfSeeds:
         """The twin as a predictor of the traffic it is given (``load`` is applied by :func:`twin_check`): its
-        figures, or with a second seed (and a burst seed) the worst of the runs (:class:`WorstOfSeeds`)."""
+        figures, or with a second seed the worse of the two runs (:class:`WorstOfSeeds`)."""
         first = TwinPredictor(profile, self.duration_s, self.seed, policy=policy, jobs=self.jobs,
                               slowdown=slowdown, arrivals=self.arrivals, progress=progress,
                               min_requests=self.min_requests, max_duration_s=self.max_duration_s)
         if self.second_seed is None:
             return first
-        burst = None if self.burst_seed is None else replace(first, seed=self.burst_seed, progress=None)
-        return WorstOfSeeds(first, replace(first, seed=self.second_seed, progress=None), min_served, burst)
+        return WorstOfSeeds(first, replace(first, seed=self.second_seed, progress=None), min_served, self.tail_factor)
 
     def describe_length(self) -> str:
         """How long each run is, in words."""
@@ -260,7 +285,7 @@ class TwinRun:
     def to_dict(self) -> dict[str, Any]:
         """What a plan records of how its GPUs were judged (``inputs.confirmation``)."""
         return {"by": "twin", "duration_s": self.duration_s, "seed": self.seed, "load": self.load,
-                "second_seed": self.second_seed, "burst_seed": None if self.second_seed is None else self.burst_seed,
+                "second_seed": self.second_seed, "tail_factor": self.tail_factor,
                 **({"min_requests": self.min_requests, "max_duration_s": self.max_duration_s} if self.min_requests
                    else {})}
 
@@ -276,15 +301,14 @@ def run_length_words(duration_s: float, min_requests: float = 0.0, max_duration_
 
 @dataclass
 class WorstOfSeeds:
-    """The twin run with one seed; the scenarios that pass there (serving ``min_served`` of their tokens within
-    their latency limits) run again with another; and, with ``burst``, those that still pass but whose p99.9
-    TTFT in either run is over their TTFT limit (a burst of waits: BURST_SEED) with a third. Per scenario
-    the worse of each figure."""
+    """The twin run with one seed and, for the scenarios that pass there (serving ``min_served`` of their
+    tokens within their latency limits and ``tail_factor``'s bound), with another: per scenario the worse of
+    each figure."""
 
     first: TwinPredictor
     second: TwinPredictor
     min_served: float
-    burst: TwinPredictor | None = None
+    tail_factor: float | None = None
     kind: str = "twin"
 
     @property
@@ -296,30 +320,24 @@ class WorstOfSeeds:
         return self.first.policy
 
     def predict(self, scenarios: list[GpuScenario]) -> Predictions:
+        """The worse figures of the two runs; ``within_tail`` tells the packer which kept the tail bound."""
+        bound = tail_bound(scenarios, self.tail_factor)
         pred = self.first.predict(scenarios)
-        pred = _worst(pred, self.second, scenarios, self._passing(pred, scenarios))
-        if self.burst is not None:
-            limit = np.array([sc.max_ttft_ms for sc in scenarios], float)
-            pred = _worst(pred, self.burst, scenarios, self._passing(pred, scenarios) & (pred.ttft_ms_p999_all > limit))
-        return pred
-
-    def _passing(self, pred: Predictions, scenarios: list[GpuScenario]) -> np.ndarray:
-        return (_served(pred) >= self.min_served) & pred.meets_latency(scenarios)
-
-
-def _worst(pred: Predictions, predictor: TwinPredictor, scenarios: list[GpuScenario], again: np.ndarray) -> Predictions:
-    """``pred`` with the scenarios where ``again`` is true run by ``predictor`` too: the worse of each figure."""
-    if not again.any():
-        return pred
-    other = predictor.predict([sc for sc, a in zip(scenarios, again) if a])
-    ratio = _served(pred)
-    ratio[again] = np.fmin(ratio[again], _served(other))
-    worst = {f: getattr(pred, f).copy() for f in ("ttft_ms_p99_all", "tpot_ms_p99", "itl_ms_mean", "ttft_ms_p999_all")}
-    for f, values in worst.items():
-        values[again] = np.fmax(values[again], getattr(other, f))
-    starved = pred.starved.copy()
-    starved[again] |= other.starved
-    return Predictions(ratio * pred.arriving_tok_s, starved, pred.arriving_tok_s, **worst)
+        pred = replace(pred, within_tail=~(pred.ttft_ms_p999_all > bound))
+        again = (_served(pred) >= self.min_served) & pred.meets_latency(scenarios)
+        if not again.any():
+            return pred
+        other = self.second.predict([sc for sc, a in zip(scenarios, again) if a])
+        ratio = _served(pred)
+        ratio[again] = np.fmin(ratio[again], _served(other))
+        worst = {f: getattr(pred, f).copy() for f in ("ttft_ms_p99_all", "tpot_ms_p99", "itl_ms_mean",
+                                                      "ttft_ms_p999_all")}
+        for f, values in worst.items():
+            values[again] = np.fmax(values[again], getattr(other, f))
+        starved = pred.starved.copy()
+        starved[again] |= other.starved
+        return Predictions(ratio * pred.arriving_tok_s, starved, pred.arriving_tok_s, **worst,
+                           within_tail=~(worst["ttft_ms_p999_all"] > bound))
 
 
 def _served(pred: Predictions) -> np.ndarray:
@@ -337,4 +355,4 @@ def twin_check(profile, policy, scenarios: list[GpuScenario], bar: ServiceBar, r
     """Simulate each GPU with ``run.load`` times its traffic (module docstring)."""
     loaded = scenarios if run.load == 1.0 else [replace(sc, rates_rps=sc.rates_rps * run.load) for sc in scenarios]
     pred = run.predictor(profile, policy, bar.slowdown, bar.min_served, progress).predict(loaded)
-    return check_of(pred, loaded, run.load)
+    return check_of(pred, loaded, run.load, run.tail_factor)

@@ -155,6 +155,10 @@ def test_cli_plan_states_its_slo_and_objective_throughput_drops_it(tmp_path):
     assert len(tput["instances"]) <= len(slo["instances"])
     for inst in slo["instances"]:
         assert inst["twin"]["meets"] and inst["twin"]["max_ttft_ms"] == 2000.0
+        assert inst["twin"]["ttft_ms_p999"] <= 10 * 2000.0
+    unbounded = json.loads(r.invoke(main, ["plan", MIXED, "--json", "--tail-factor", "0"]).stdout)
+    assert (slo["inputs"]["confirmation"]["tail_factor"], unbounded["inputs"]["confirmation"]["tail_factor"]) == \
+        (10.0, None)
     res = r.invoke(main, ["plan", MIXED, "--no-confirm"])
     assert res.exit_code == 0 and "not judged in the twin" in res.output
 
@@ -212,11 +216,11 @@ def test_a_gpu_near_the_edge_is_judged_with_more_traffic():
 
 
 
-def test_a_gpu_whose_judging_runs_show_a_burst_of_waits_is_run_a_third_time():
+def test_a_gpu_that_leaves_requests_waiting_minutes_fails_its_judging_runs():
     """A GPU of a re-planned night (23 adapters on --max-loras 16) passed both judging runs at 1.8 and 1.1 s
-    p99 TTFT, but a tenth of a percent of its requests had waited minutes (a p99.9 far over the limit); it
-    then missed the 2 s SLO in 5 of 6 other simulated hours. The third run that such a burst calls for
-    fails it."""
+    p99 TTFT, but a tenth of a percent of its requests had waited minutes for a LoRA slot; it then missed the
+    2 s SLO in 5 of 6 other simulated hours. The judging runs' bound on p99.9 TTFT fails it, and says why;
+    `evaluate` with another seed checks the SLO alone."""
     profile = load_profile(PROFILE)
     rates = [1.22923, 1.41019, 1.35667, 1.12909, 1.58074, 1.24386, 1.10547, 1.33243, 0.00613554, 0.000671497,
              0.620396, 0.410593, 0.877233, 0.210257, 0.323024, 0.00631681, 0.00354555, 2.04761, 1.81304,
@@ -227,14 +231,12 @@ def test_a_gpu_whose_judging_runs_show_a_burst_of_waits_is_run_a_third_time():
     bar = opts.bar(profile)
     req = replace(PackRequest.build(wl, profile, load_predictor(profile, "surrogate"), max_gpus=1), bar=bar)
     group = [GpuGroup({i: 1.0 for i in range(len(rates))}, a_max=16, max_lora_rank=32)]
-    two = check_groups(req, group, replace(opts.run, burst_seed=None), bar)
-    assert two.meets(bar)[0], two.ttft_ms_p99
-    loaded = [replace(sc, rates_rps=sc.rates_rps * opts.run.load) for sc in scenarios_of(req, group)]
-    burst = opts.run.predictor(profile, None, bar.slowdown).first.predict(loaded).ttft_ms_p999_all[0]
-    assert burst > 10 * bar.max_ttft_s * 1000.0
-    three = check_groups(req, group, opts.run, bar)
-    assert not three.meets(bar)[0] and three.ttft_ms_p99[0] > bar.max_ttft_s * 1000.0
-
+    unbounded = check_groups(req, group, replace(opts.run, tail_factor=None), bar)
+    assert unbounded.meets(bar)[0] and unbounded.ttft_ms_p99[0] < bar.max_ttft_s * 1000.0
+    judged = check_groups(req, group, opts.run, bar)
+    assert judged.ttft_ms_p999[0] > opts.run.tail_factor * bar.max_ttft_s * 1000.0
+    assert not judged.meets(bar)[0] and "waiting for a LoRA slot" in judged.misses(0, bar)[-1]
+    assert judged.row(0, bar)["ttft_ms_p999"] > 100_000
 
 
 def test_a_judging_run_lasts_until_enough_requests_arrived_under_the_slo_and_an_hour_by_the_served_share(setup):

@@ -75,6 +75,29 @@ def test_placement_json_round_trip_and_router(tmp_path, profile):
     assert d["inputs"]["profile_id"] == profile.profile_id and len(d["inputs"]["workload"]["sha256"]) == 64
 
 
+
+def test_a_large_plan_file_has_one_adapter_per_line_and_reads_back_the_same(tmp_path, profile):
+    from twin.atomic import ONE_PER_LINE_FROM, write_json_atomic
+
+    _, p = plan_for(tmp_path, profile, [0.01] * (ONE_PER_LINE_FROM + 10) + [25.0])
+    d = p.to_dict()
+    path = tmp_path / "plan.json"
+    write_json_atomic(path, d, one_per_line=True)
+    assert json.loads(path.read_text()) == d
+    lines = path.read_text().splitlines()
+    ids = [a["adapter_id"] for a in d["adapters"]]
+    assert sum(1 for line in lines if line.startswith('  {"adapter_id": ')) == len(ids)
+    assert sum(1 for line in lines if line.startswith(tuple(f'  "{i}": [' for i in ids))) == len(ids)  # routes
+    assert lines[1] == ' "schema_version": 1,' and '  "workload": {' in lines  # short sections indented
+    back = read_placement(path)
+    assert [i.adapters for i in back.instances] == [i.adapters for i in read_placement(_written(tmp_path, d)).instances]
+
+
+def _written(tmp_path, d) -> Path:
+    path = tmp_path / "indented.json"
+    path.write_text(json.dumps(d, indent=1))
+    return path
+
 @pytest.mark.parametrize("content, message", [
     ("{", "not a valid placement: .*Invalid JSON"),
     ('{"schema_version": 99}', "schema_version: Input should be 1"),

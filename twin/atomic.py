@@ -86,15 +86,45 @@ def json_safe(obj: Any) -> Any:
     return obj
 
 
-def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
-    """Indented JSON, streamed to the file (a plan of 100,000 adapters is never one string in memory)."""
+#: A top-level list or mapping with more entries than this is written one entry per line (``write_json_atomic``).
+ONE_PER_LINE_FROM = 64
+
+
+def write_json_atomic(path: str | os.PathLike, obj: Any, one_per_line: bool = False) -> None:
+    """Indented JSON, streamed to the file (a plan of 100,000 adapters is never one string in memory).
+    ``one_per_line``: the entries of ``obj``'s long lists and mappings one per line, each compact: Python's
+    JSON encoder indents in Python but writes compact JSON in C, so a plan of 10,000 adapters is written in
+    half the time or less, one GPU, adapter or route per line for ``grep`` and ``diff``."""
     def fill(f) -> None:
-        text = io.TextIOWrapper(f, encoding="utf-8", write_through=True)
-        json.dump(obj, text, indent=1, allow_nan=False)
+        text = io.TextIOWrapper(f, encoding="utf-8", write_through=False)
+        if one_per_line and isinstance(obj, dict):
+            _write_one_per_line(text, obj)
+        else:
+            json.dump(obj, text, indent=1, allow_nan=False)
         text.write("\n")
+        text.flush()
         text.detach()
 
     write_atomic(path, fill)
+
+
+def _write_one_per_line(text: io.TextIOWrapper, obj: dict) -> None:
+    def dumps(value: Any) -> str:
+        return json.dumps(value, allow_nan=False)
+
+    text.write("{")
+    for n, (key, value) in enumerate(obj.items()):
+        text.write(f"{',' if n else ''}\n {dumps(key)}: ")
+        if isinstance(value, (list, dict)) and len(value) > ONE_PER_LINE_FROM:
+            lines = (dumps(v) for v in value) if isinstance(value, list) else (
+                f"{dumps(k)}: {dumps(v)}" for k, v in value.items())
+            brackets = "[]" if isinstance(value, list) else "{}"
+            text.write(brackets[0])
+            text.writelines(f"{',' if m else ''}\n  {line}" for m, line in enumerate(lines))
+            text.write(f"\n {brackets[1]}")
+        else:
+            text.write(json.dumps(value, indent=1, allow_nan=False).replace("\n", "\n "))
+    text.write("\n}")
 
 
 def recorded_path(path: str | os.PathLike, root: str | os.PathLike) -> str:

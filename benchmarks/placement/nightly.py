@@ -14,7 +14,7 @@ Targets (issue "Nightly re-plan"): every night exits 0; GPUs <= fresh + 1 every 
 >= 90 % of nights; moves <= materially changed adapters + 5 % of all; 0 GPUs failing the evaluation.
 
     python -m benchmarks.placement.nightly [--sizes 2000,10000] [--seeds 0,1,2] [--families log-uniform,zipf]
-        [--nights 30] [--max-moves 5%] [--keep DIR]   # --max-moves: a churn cap, as `planner replan` takes;
+        [--nights 30] [--max-moves 5%] [--tail-factor F] [--keep DIR]   # as `planner replan` takes them;
         # --keep: each night's workload and plan, to study its GPUs afterwards
         # -> artifacts/benchmarks/nightly.json
 """
@@ -49,19 +49,20 @@ def run(args: list[str]) -> tuple[int, float, str, str]:
 
 
 def fleet(family: str, n: int, seed: int, nights: int, threshold: float, work: Path, profile: str,
-          max_moves: str | None, keep: Path | None = None):
+          max_moves: str | None, keep: Path | None = None, tail_factor: str | None = None):
     """Each night's row, as the night ends; with ``keep``, each night's workload and plan are copied there."""
     plan = work / "plan.json"
+    tail = [] if tail_factor is None else ["--tail-factor", tail_factor]
     before: dict[str, float] = {}
     for night, wl in enumerate(fleet_nights(family, n, seed, nights)):
         csv = work / f"night-{night:02d}.csv"
         write_workload_csv(wl, csv)
         rates = {a.adapter_id: a.rate_rps for a in wl.adapters}
         if night == 0:
-            rc, wall, _, err = run(["plan", str(csv), "--profile", profile, "--out", str(plan)])
+            rc, wall, _, err = run(["plan", str(csv), "--profile", profile, "--out", str(plan), *tail])
             row = {"night": 0, "exit": rc, "wall_s": round(wall, 2)}
         else:
-            cap = [] if max_moves is None else ["--max-moves", max_moves]
+            cap = [*tail, *([] if max_moves is None else ["--max-moves", max_moves])]
             rc, wall, out, err = run(["replan", str(csv), "--previous", str(plan), "--out", str(plan), *cap, "--json"])
             row = {"night": night, "exit": rc, "wall_s": round(wall, 2),
                    "materially_changed": materially_changed(before, rates, threshold)}
@@ -118,6 +119,7 @@ def main() -> None:
     ap.add_argument("--profile", default="h100-64gb-llama-3.1-8b")
     ap.add_argument("--max-moves", default=None, help="replan --max-moves (default: none, the README's crontab line)")
     ap.add_argument("--out", type=Path, default=result_path("nightly"))
+    ap.add_argument("--tail-factor", default=None, help="plan and replan --tail-factor (0: judge without the bound)")
     ap.add_argument("--keep", type=Path, default=None,
                     help="copy each night's workload and plan under KEEP/<adapters>-<family>-<seed>/")
     args = ap.parse_args()
@@ -130,12 +132,13 @@ def main() -> None:
                 with tempfile.TemporaryDirectory(prefix="nightly-") as tmp:
                     keep = None if args.keep is None else args.keep / f"{n}-{family}-{seed}"
                     for row in fleet(family, n, seed, args.nights, args.material, Path(tmp), args.profile,
-                                     args.max_moves, keep):
+                                     args.max_moves, keep, args.tail_factor):
                         rows.append(row)
                         fleets[-1]["summary"] = summary(rows, n)
                         # written after every night: an interrupted run keeps the nights done
                         write_result(args.out, {"benchmark": "nightly", "profile": args.profile,
                                                 "max_moves": args.max_moves, "material_change": args.material,
+                                                "tail_factor": args.tail_factor,
                                                 "fleets": fleets})
                 print(json.dumps({"adapters": n, "family": family, "seed": seed, **fleets[-1]["summary"]}), flush=True)
 
