@@ -14,9 +14,9 @@ GPU ``bar.slowdown`` times slower than the profile says, and the GPU passes when
 
 The run is made with :data:`CONFIRM_LOAD` times the GPU's traffic, and a GPU that passes is run again with
 seed :data:`SECOND_SEED`; its figures are the worse of the two runs, and in neither may more than a tenth
-of a percent of its requests wait :data:`TAIL_FACTOR` times its TTFT limit. Under a latency SLO each run lasts as long as :data:`SLO_MIN_REQUESTS` arrivals take, between
-half an hour and an hour (:meth:`TwinRun.for_bar`):
-a p99 is as good as the requests it is taken over. Half hours passed no GPU that missed the SLO in another
+of a percent of its requests wait :data:`TAIL_FACTOR` times its TTFT limit. Under a latency SLO each run
+lasts as long as :data:`SLO_MIN_REQUESTS` arrivals take, between half an hour and an hour
+(:meth:`TwinRun.for_bar`): a p99 is as good as the requests it is taken over. Half hours passed no GPU that missed the SLO in another
 hour where they held 40,000 requests or more (random 2,000-adapter plans of log-uniform rates and hot
 adapters, 0 of 1,404 GPU-hours), but with mixed request lengths (about 9,000 requests per half hour) 6 of
 930 GPU-hours missed, against 1 of 942 with whole hours. By the served share alone the runs are whole

@@ -12,7 +12,8 @@ miss the SLO in some other hour. Rules:
   K = ``TAIL_FACTOR``);
 * ``third_after_burst``: a third run (seed 202) only where p99.9 TTFT of one of the first two is over the
   limit;
-* ``three_seeds``: seeds 0, 101 and 202 on every GPU.
+* ``three_seeds``: seeds 0, 101 and 202 on every GPU;
+* ``p99_within_half``: two seeds with p99 TTFT within half the limit (a margin on the p99 itself).
 
 Nights kept by plans judged with a rule pass that rule on every GPU; compare rules on nights whose plans
 were judged by the laxest (``nightly --tail-factor 0``: two seeds, no tail bound).
@@ -67,7 +68,8 @@ def night(plan_path: Path, hours: int, jobs: int) -> dict:
     runs = {}
     for seed in (CONFIRM_SEED, SECOND_SEED, THIRD_SEED):
         pred = replace(judging, seed=seed, second_seed=None).predictor(profile, None, bar.slowdown).predict(loaded)
-        runs[seed] = (misses(pred, limits, bar.min_served), pred.ttft_ms_p999_all / limits[0])
+        runs[seed] = (misses(pred, limits, bar.min_served), pred.ttft_ms_p999_all / limits[0],
+                      pred.ttft_ms_p99_all / limits[0])
     other = [misses(replace(judging, seed=1000 + number + 10_000 * k, load=1.0, duration_s=3600.0, min_requests=0.0,
                             second_seed=None).predictor(profile, None, bar.slowdown).predict(scenarios),
                     limits, bar.min_served) for k in range(hours)]
@@ -75,9 +77,11 @@ def night(plan_path: Path, hours: int, jobs: int) -> dict:
     tail = np.fmax(runs[CONFIRM_SEED][1], runs[SECOND_SEED][1])  # worst p99.9 over the limit
     rules = {"two_seeds": two, **{f"tail_{k:g}": two & ~(tail > k) for k in TAIL_FACTORS},
              "third_after_burst": two & (~(tail > 1.0) | ~runs[THIRD_SEED][0]),
-             "three_seeds": two & ~runs[THIRD_SEED][0]}
+             "three_seeds": two & ~runs[THIRD_SEED][0],
+             "p99_within_half": two & ~(np.fmax(runs[CONFIRM_SEED][2], runs[SECOND_SEED][2]) > 0.5)}
     missed = np.any(other, axis=0)
-    return {"plan": str(plan_path), "gpus": len(scenarios), "bursts": int((two & (tail > 1.0)).sum()),
+    return {"plan": f"{plan_path.parent.name}/{plan_path.name}", "gpus": len(scenarios),
+            "bursts": int((two & (tail > 1.0)).sum()),
             **{name: {"passed": int(ok.sum()), "missing_another_hour": int((ok & missed).sum()),
                       "gpu_hours_missed": int((np.array(other) & ok).sum())} for name, ok in rules.items()}}
 
@@ -97,7 +101,7 @@ def main() -> None:
         totals = {"gpu_nights": sum(r["gpus"] for r in rows), "bursts": sum(r["bursts"] for r in rows),
                   **{name: {k: sum(r[name][k] for r in rows) for k in rows[0][name]}
                      for name in rows[0] if isinstance(rows[0][name], dict)}}
-        write_result(args.out, {"benchmark": "knee_rules", "kept": [str(d) for d in args.kept],
+        write_result(args.out, {"benchmark": "knee_rules", "kept": [d.name for d in args.kept],
                                 "hours": args.hours, "totals": totals, "nights": rows})
         progress.advance()
     progress.close()
