@@ -219,7 +219,7 @@ def test_a_gpu_near_the_edge_is_judged_with_more_traffic():
 def test_a_gpu_that_leaves_requests_waiting_minutes_fails_its_judging_runs():
     """A GPU of a re-planned night (23 adapters on --max-loras 16) passed both judging runs at 1.8 and 1.1 s
     p99 TTFT, but a tenth of a percent of its requests had waited minutes for a LoRA slot; it then missed the
-    2 s SLO in 5 of 6 other simulated hours. The judging runs' bound on p99.9 TTFT fails it, and says why;
+    2 s SLO in 4 of 6 other simulated hours. The judging runs' bound on p99.9 TTFT fails it, and says why;
     `evaluate` with another seed checks the SLO alone."""
     profile = load_profile(PROFILE)
     rates = [1.22923, 1.41019, 1.35667, 1.12909, 1.58074, 1.24386, 1.10547, 1.33243, 0.00613554, 0.000671497,
