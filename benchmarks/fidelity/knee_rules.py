@@ -31,24 +31,16 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.record import write_result
-from models.scenario import Predictions
 from planner.evaluate import evaluation_request, plan_bar
 from planner.packing import group_scenario
 from planner.placement import read_placement
-from planner.verdict import CONFIRM_SEED, SECOND_SEED, TwinRun
+from planner.verdict import CONFIRM_SEED, SECOND_SEED, TwinRun, twin_check
 from planner.workload_csv import read_workload
 from twin import load_profile
 from twin.progress import Progress
 
 THIRD_SEED = 202
 TAIL_FACTORS = (5.0, 10.0, 20.0, 50.0)
-
-
-def misses(pred: Predictions, limits: tuple[np.ndarray, np.ndarray], min_served: float) -> np.ndarray:
-    """Which scenarios miss: served share under ``min_served``, p99 TTFT or TPOT over their limits."""
-    served = np.divide(pred.throughput_tok_s, pred.arriving_tok_s, out=np.ones_like(pred.arriving_tok_s),
-                       where=pred.arriving_tok_s > 0)
-    return (served < min_served) | (pred.ttft_ms_p99_all > limits[0]) | (pred.tpot_ms_p99 > limits[1])
 
 
 def night(plan_path: Path, hours: int, jobs: int) -> dict:
@@ -62,17 +54,14 @@ def night(plan_path: Path, hours: int, jobs: int) -> dict:
     index = {a.adapter_id: i for i, a in enumerate(req.workload.adapters)}
     scenarios = [group_scenario(req, {index[a]: s for a, s in inst.adapters.items()}, inst.a_max,
                                 max_lora_rank=inst.max_lora_rank) for inst in placement.instances if inst.adapters]
-    limits = (np.array([sc.max_ttft_ms for sc in scenarios]), np.array([sc.max_tpot_ms for sc in scenarios]))
-    judging = TwinRun.for_bar(bar, jobs)
-    loaded = [replace(sc, rates_rps=sc.rates_rps * judging.load) for sc in scenarios]
+    judging = replace(TwinRun.for_bar(bar, jobs), second_seed=None, tail_factor=None)
     runs = {}
     for seed in (CONFIRM_SEED, SECOND_SEED, THIRD_SEED):
-        pred = replace(judging, seed=seed, second_seed=None).predictor(profile, None, bar.slowdown).predict(loaded)
-        runs[seed] = (misses(pred, limits, bar.min_served), pred.ttft_ms_p999_all / limits[0],
-                      pred.ttft_ms_p99_all / limits[0])
-    other = [misses(replace(judging, seed=1000 + number + 10_000 * k, load=1.0, duration_s=3600.0, min_requests=0.0,
-                            second_seed=None).predictor(profile, None, bar.slowdown).predict(scenarios),
-                    limits, bar.min_served) for k in range(hours)]
+        check = twin_check(profile, None, scenarios, bar, replace(judging, seed=seed))
+        runs[seed] = (~check.meets(bar), check.ttft_ms_p999 / check.max_ttft_ms, check.ttft_ms_p99 / check.max_ttft_ms)
+    other = [~twin_check(profile, None, scenarios, bar, replace(judging, seed=1000 + number + 10_000 * k, load=1.0,
+                                                                duration_s=3600.0, min_requests=0.0)).meets(bar)
+             for k in range(hours)]
     two = ~runs[CONFIRM_SEED][0] & ~runs[SECOND_SEED][0]
     tail = np.fmax(runs[CONFIRM_SEED][1], runs[SECOND_SEED][1])  # worst p99.9 over the limit
     rules = {"two_seeds": two, **{f"tail_{k:g}": two & ~(tail > k) for k in TAIL_FACTORS},
