@@ -9,7 +9,7 @@ import os
 import signal
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import numpy as np
@@ -18,7 +18,7 @@ from models.scenario import GpuScenario, Predictions
 from twin.policies.spec import PolicySpec
 from twin.profile import Profile
 from twin.simulate import MAX_SIM_REQUESTS, STARVATION_THRESHOLD, SimConfig, expected_requests, simulate
-from twin.workload import Adapter, Workload
+from twin.workload import Adapter, LengthModel, Workload
 
 
 @dataclass
@@ -40,6 +40,9 @@ class TwinPredictor:
     # ``max_duration_s``: its p99 figures come from enough requests (0: every scenario runs ``duration_s``).
     min_requests: float = 0.0
     max_duration_s: float = 3600.0
+    # A judging run's load margin (its load - 1): a scenario whose request sizes vary more than the profile's
+    # default lengths do is simulated with that margin scaled up (:func:`size_factor`; 0: as asked).
+    size_margin: float = 0.0
 
     @property
     def profile_id(self) -> str:
@@ -47,6 +50,10 @@ class TwinPredictor:
 
     def predict(self, scenarios: Sequence[GpuScenario]) -> Predictions:
         n = len(scenarios)
+        extra = np.ones(n)
+        if self.size_margin > 0:
+            extra = np.array([size_factor(sc, self.profile, self.size_margin) for sc in scenarios])
+            scenarios = [sc if e == 1.0 else replace(sc, rates_rps=sc.rates_rps * e) for sc, e in zip(scenarios, extra)]
         one = partial(_simulate, self.profile.slowed(self.slowdown), self.duration_s, self.seed, self.policy,
                       self.arrivals, self.min_requests, self.max_duration_s)
         if self.jobs > 1 and n > 1:
@@ -59,7 +66,7 @@ class TwinPredictor:
         else:
             out = self._collect(map(one, scenarios), n)
         res = np.array(out, float).reshape(n, 6)
-        thr, arriving = res[:, 0].copy(), res[:, 1].copy()
+        thr, arriving = res[:, 0] / extra, res[:, 1] / extra  # per the traffic asked about
         return Predictions(thr, thr < STARVATION_THRESHOLD * arriving, arriving, res[:, 2].copy(), res[:, 3].copy(),
                            res[:, 4].copy(), res[:, 5].copy())
 
@@ -106,6 +113,31 @@ def die_with_parent() -> None:
         return
     if os.getppid() == 1:  # the parent died before the call: nothing would signal this worker
         os._exit(1)
+
+
+def size_variability(sc: GpuScenario, lengths: LengthModel) -> float:
+    """Squared coefficient of variation of a request's tokens (prompt + output) on this GPU: its adapters' mean
+    lengths mixed by their request rates, each request's lengths drawn around them by ``lengths``."""
+    rates = np.asarray(sc.rates_rps, float)
+    weight = rates / rates.sum() if rates.sum() > 0 else np.full(len(rates), 1.0 / max(1, len(rates)))
+    d_in, d_out = np.asarray(sc.input_tokens, float), np.asarray(sc.output_tokens, float)
+    cv_in, cv_out = (lengths.input_cv, lengths.output_cv) if lengths.kind != "constant" else (0.0, 0.0)
+    mean = float(weight @ (d_in + d_out))
+    second = float(weight @ (d_in**2 * (1 + cv_in**2) + d_out**2 * (1 + cv_out**2) + 2 * d_in * d_out))
+    return max(0.0, second / mean**2 - 1.0) if mean > 0 else 0.0
+
+
+def size_factor(sc: GpuScenario, profile: Profile, margin: float) -> float:
+    """How much more traffic than asked a judging run of load ``1 + margin`` simulates on ``sc``: its margin
+    times k, k = (1 + cs^2) / (1 + cs0^2) for the squared variation cs^2 of the GPU's request sizes and cs0^2 of
+    one adapter at the profile's default lengths, when k > 1. A queue's wait grows with (1 + cs^2) (Kingman's
+    approximation), so a GPU of mixed request sizes is held to a proportionally larger margin below its knee
+    (docs/planning.md, "A larger margin for mixed request sizes")."""
+    lengths = profile.default_lengths()
+    one = GpuScenario(np.ones(1, np.int64), np.ones(1), np.array([profile.default_input_tokens]),
+                      np.array([profile.default_output_tokens]), 1)
+    k = round((1.0 + size_variability(sc, lengths)) / (1.0 + size_variability(one, lengths)), 9)  # 1: as asked
+    return 1.0 if k <= 1.0 else (1.0 + margin * k) / (1.0 + margin)
 
 
 def scenario_duration_s(sc: GpuScenario, duration_s: float, min_requests: float, max_duration_s: float) -> float:

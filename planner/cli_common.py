@@ -94,6 +94,10 @@ def confirm_options(fn):
                       help=f"In each judging run a GPU's p99.9 TTFT must stay within FACTOR x its TTFT limit "
                            f"[{TAIL_FACTOR:g}]: requests left waiting that long for a LoRA slot mark a GPU whose p99 "
                            f"jumps over the limit from one hour to the next. 0: no such bound.")(fn)
+    fn = click.option("--size-margin/--no-size-margin", "size_margin", default=True, show_default=True,
+                      help="Judge a GPU whose request sizes vary more than the profile's default lengths with a "
+                           "larger margin than 5 % more traffic, in proportion (a queue's wait grows with that "
+                           "variation; docs/planning.md).")(fn)
     fn = slo_options(fn)
     return click.option("--confirm/--no-confirm", default=True, show_default=True,
                         help="Judge every planned GPU in the twin (the run `planner evaluate` makes) and, for greedy, "

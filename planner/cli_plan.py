@@ -94,8 +94,8 @@ def load_predictor_for(profile, kind: str, policy=None):
               help="Write a PNG of each GPU's load, served share and p99 TTFT against the SLO (needs matplotlib).")
 @user_errors
 def plan(workload, profile_id, gpus, algorithm, predictor_kind, policy, policy_params, headroom, input_tokens,
-         output_tokens, split_hot, balance, confirm, objective, max_ttft, max_tpot, min_served, slowdown, tail_factor, jobs,
-         seed, out, fmt, as_json, model, adapter_dir, port_base, image, manifest_name, plot) -> None:
+         output_tokens, split_hot, balance, confirm, objective, max_ttft, max_tpot, min_served, slowdown, tail_factor, size_margin,
+         jobs, seed, out, fmt, as_json, model, adapter_dir, port_base, image, manifest_name, plot) -> None:
     """Plan the fewest GPUs that serve WORKLOAD, which adapter goes where, and each GPU's --max-loras.
 
     WORKLOAD is a CSV with one row per adapter
@@ -119,7 +119,7 @@ def plan(workload, profile_id, gpus, algorithm, predictor_kind, policy, policy_p
     predictor = load_predictor_for(profile, predictor_kind, policy_from_cli(policy, policy_params))
     opts = PlanOptions(algorithm=algorithm, gpus=gpus, headroom=headroom, seed=seed, input_tokens=input_tokens,
                        output_tokens=output_tokens, split_hot=split_hot, balance=balance, confirm=confirm,
-                       jobs=jobs_or_cores(jobs), tail_factor=tail_setting(tail_factor),
+                       jobs=jobs_or_cores(jobs), tail_factor=tail_setting(tail_factor), size_scaled=size_margin,
                        **slo_settings(objective, max_ttft, max_tpot, min_served, slowdown))
     t0 = time.perf_counter()
     placement = make_plan(workload, wl, profile, predictor, opts, progress=say)
@@ -195,7 +195,8 @@ def evaluate(placement_file, workload, profile_id, duration, seed, load, arrival
         if run.tail_factor is not None and bar.max_ttft_s is not None:
             seeds += f", p99.9 TTFT within {run.tail_factor:g}x the limit"
         click.echo(f"each GPU must: {bar.describe()} (twin: {run.describe_length()}, {seeds}, "
-                   f"{'the traffic itself' if run.load == 1.0 else f'{run.load:g} x the traffic'})")
+                   f"{'the traffic itself' if run.load == 1.0 else f'{run.load:g} x the traffic'}"
+                   f"{', more where request sizes vary' if run.size_scaled and run.load > 1.0 else ''})")
         for i in ev.instances:
             f = i.figures
             if f is None:  # it never ran: a memory error, or no adapter to serve
@@ -257,8 +258,8 @@ holds the lock on --out (nothing was done). On any failure the files are left as
 @render_options
 @user_errors
 def replan(workload, previous_file, out, profile_id, gpus, predictor_kind, headroom, split_hot, max_moves, max_restarts,
-           gpu_tolerance, confirm, objective, max_ttft, max_tpot, min_served, slowdown, tail_factor, jobs, fmt, as_json,
-           model, adapter_dir, port_base, image, manifest_name) -> None:
+           gpu_tolerance, confirm, objective, max_ttft, max_tpot, min_served, slowdown, tail_factor, size_margin, jobs, fmt,
+           as_json, model, adapter_dir, port_base, image, manifest_name) -> None:
     """Re-plan for WORKLOAD from the deployed placement: every GPU passes, then the fewest GPUs, then the least churn.
 
     Every GPU is judged in the twin as `planner plan` judges it (by the previous plan's SLO unless
@@ -291,7 +292,8 @@ def replan(workload, previous_file, out, profile_id, gpus, predictor_kind, headr
                        slowdown)
         opts = PlanOptions(gpus=gpus, headroom=headroom, confirm=confirm, jobs=jobs_or_cores(jobs),
                            objective=bar.objective, max_ttft_s=bar.max_ttft_s, max_tpot_ms=bar.max_tpot_ms,
-                           min_served=bar.min_served, slowdown=bar.slowdown, tail_factor=tail_setting(tail_factor))
+                           min_served=bar.min_served, slowdown=bar.slowdown, tail_factor=tail_setting(tail_factor),
+                           size_scaled=size_margin)
         req = pack_request(wl, profile, load_predictor_for(profile, predictor_kind, policy), opts)
         budget = ChurnBudget.parse(max_moves, max_restarts, gpu_tolerance, len(wl))
         placement = run_replan(previous, workload, req, split_hot=split_hot, confirm=confirm, run=opts.run, bar=bar,

@@ -58,6 +58,7 @@ class PlanOptions:
     min_served: float | None = None  # share of arriving tokens served [verdict.CONFIRM_RATIO]
     slowdown: float | None = None  # the twin's GPU this much slower [the profile's planning.slowdown]
     tail_factor: float | None = TAIL_FACTOR  # judging runs' bound on p99.9 TTFT, times the limit (None: none)
+    size_scaled: bool = True  # judging runs' margin scaled by the variation of request sizes (verdict.TwinRun)
 
     def bar(self, profile: Profile) -> ServiceBar:
         """What the twin requires of each GPU of this plan (before its adapters' own SLOs)."""
@@ -68,7 +69,7 @@ class PlanOptions:
     def run(self) -> TwinRun:
         """The twin runs judging each GPU (their length follows the objective; the slowdown does not matter)."""
         bar = ServiceBar.for_objective(self.objective, 1.0, self.min_served, self.max_ttft_s, self.max_tpot_ms)
-        return TwinRun.for_bar(bar, self.jobs, self.tail_factor)
+        return TwinRun.for_bar(bar, self.jobs, self.tail_factor, self.size_scaled)
 
 
 def pack_request(workload: Workload, profile: Profile, predictor: Predictor, opts: PlanOptions) -> PackRequest:

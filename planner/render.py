@@ -48,6 +48,8 @@ def slo_line(c: dict) -> str:
                                                       c.get("max_duration_s"), "s of Poisson arrivals")
     if load != 1.0:
         line += f"{',' if c.get('min_requests') else ''} at {load:g}x the traffic"
+        if c.get("size_scaled"):
+            line += " (more where request sizes vary)"
     if c.get("second_seed") is not None:
         line += f", seed {c['seed']} and again {c['second_seed']}"
     if c.get("tail_factor") is not None and c.get("max_ttft_s") is not None:

@@ -13,10 +13,13 @@ miss the SLO in some other hour. Rules:
 * ``third_after_burst``: a third run (seed 202) only where p99.9 TTFT of one of the first two is over the
   limit;
 * ``three_seeds``: seeds 0, 101 and 202 on every GPU;
-* ``p99_within_half``: two seeds with p99 TTFT within half the limit (a margin on the p99 itself).
+* ``p99_within_half``: two seeds with p99 TTFT within half the limit (a margin on the p99 itself);
+* ``size_margin``: ``tail_10`` with each GPU's margin scaled by how much its request sizes vary
+  (``TwinRun.size_scaled``, the rule :mod:`planner.verdict` uses now).
 
 Nights kept by plans judged with a rule pass that rule on every GPU; compare rules on nights whose plans
-were judged by the laxest (``nightly --tail-factor 0``: two seeds, no tail bound).
+were judged by the laxest (``nightly --tail-factor 0``: two seeds, no tail bound; fresh plans:
+``fleet_plans --plan-args '--tail-factor 0 --no-size-margin' --keep DIR``).
 
     python -m benchmarks.fidelity.knee_rules KEPT_DIR [KEPT_DIR ...] [--hours 6] [--out NAME]
         # -> artifacts/benchmarks/knee_rules.json
@@ -34,7 +37,7 @@ from benchmarks.record import write_result
 from planner.evaluate import evaluation_request, plan_bar
 from planner.packing import group_scenario
 from planner.placement import read_placement
-from planner.verdict import CONFIRM_SEED, SECOND_SEED, TwinRun, twin_check
+from planner.verdict import CONFIRM_SEED, SECOND_SEED, TAIL_FACTOR, TwinRun, twin_check
 from planner.workload_csv import read_workload
 from twin import load_profile
 from twin.progress import Progress
@@ -54,11 +57,15 @@ def night(plan_path: Path, hours: int, jobs: int) -> dict:
     index = {a.adapter_id: i for i, a in enumerate(req.workload.adapters)}
     scenarios = [group_scenario(req, {index[a]: s for a, s in inst.adapters.items()}, inst.a_max,
                                 max_lora_rank=inst.max_lora_rank) for inst in placement.instances if inst.adapters]
-    judging = replace(TwinRun.for_bar(bar, jobs), second_seed=None, tail_factor=None)
-    runs = {}
+    judging = replace(TwinRun.for_bar(bar, jobs), second_seed=None, tail_factor=None, size_scaled=False)
+    runs, scaled = {}, {}
     for seed in (CONFIRM_SEED, SECOND_SEED, THIRD_SEED):
         check = twin_check(profile, None, scenarios, bar, replace(judging, seed=seed))
         runs[seed] = (~check.meets(bar), check.ttft_ms_p999 / check.max_ttft_ms, check.ttft_ms_p99 / check.max_ttft_ms)
+    for seed in (CONFIRM_SEED, SECOND_SEED):
+        check = twin_check(profile, None, scenarios, bar, replace(judging, seed=seed, size_scaled=True,
+                                                                   tail_factor=TAIL_FACTOR))
+        scaled[seed] = check.meets(bar)
     other = [~twin_check(profile, None, scenarios, bar, replace(judging, seed=1000 + number + 10_000 * k, load=1.0,
                                                                 duration_s=3600.0, min_requests=0.0)).meets(bar)
              for k in range(hours)]
@@ -67,7 +74,8 @@ def night(plan_path: Path, hours: int, jobs: int) -> dict:
     rules = {"two_seeds": two, **{f"tail_{k:g}": two & ~(tail > k) for k in TAIL_FACTORS},
              "third_after_burst": two & (~(tail > 1.0) | ~runs[THIRD_SEED][0]),
              "three_seeds": two & ~runs[THIRD_SEED][0],
-             "p99_within_half": two & ~(np.fmax(runs[CONFIRM_SEED][2], runs[SECOND_SEED][2]) > 0.5)}
+             "p99_within_half": two & ~(np.fmax(runs[CONFIRM_SEED][2], runs[SECOND_SEED][2]) > 0.5),
+             "size_margin": scaled[CONFIRM_SEED] & scaled[SECOND_SEED]}
     missed = np.any(other, axis=0)
     return {"plan": f"{plan_path.parent.name}/{plan_path.name}", "gpus": len(scenarios),
             "bursts": int((two & (tail > 1.0)).sum()),

@@ -13,13 +13,15 @@ Targets (issue "Plans that hold"): every case exits 0; wall time <= 3 s (2k adap
 <= 60 s (100k); <= 1 GB peak at 100k; 0 GPUs failing the evaluation.
 
     python -m benchmarks.placement.fleet_plans [--sizes 2000,10000,100000] [--seeds 0,1,2] [--families ...]
-        [--profile ID] [--no-evaluate]        # -> artifacts/benchmarks/fleet_plans.json
+        [--profile ID] [--no-evaluate] [--plan-args ARGS] [--keep DIR]   # -> artifacts/benchmarks/fleet_plans.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -77,19 +79,26 @@ def best_gpu_tok_s(profile_id: str, mean_in: float, mean_out: float, slowdown: f
     return lo * (mean_in + mean_out)
 
 
-def case(family: str, n: int, seed: int, profile_id: str, work: Path, evaluate: bool) -> dict:
+def case(family: str, n: int, seed: int, profile_id: str, work: Path, evaluate: bool, plan_args: list[str],
+         keep: Path | None) -> dict:
     profile = load_profile(profile_id)
     wl = family_workload(family, n, seed, max_model_len=profile.engine.max_model_len)
     csv = work / f"{family}-{n}-{seed}.csv"
     plan = work / f"{family}-{n}-{seed}.json"
     write_workload_csv(wl, csv)
     planner = [sys.executable, "-m", "planner.cli"]
-    rc, wall, peak, err = run_measured([*planner, "plan", str(csv), "--profile", profile_id, "--out", str(plan)], ROOT)
+    rc, wall, peak, err = run_measured([*planner, "plan", str(csv), "--profile", profile_id, "--out", str(plan),
+                                        *plan_args], ROOT)
     row = {"family": family, "adapters": n, "seed": seed, "exit": rc, "wall_s": round(wall, 3), "peak_mb": peak,
            "target_wall_s": TARGET_WALL_S.get(n)}
     if rc != 0:
         row["error"] = err.strip().splitlines()[-1] if err.strip() else ""
         return row
+    if keep is not None:  # as `nightly --keep` does, for benchmarks.fidelity.knee_rules
+        kept = keep / f"{n}-{family}"
+        kept.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(csv, kept / f"night-{seed:02d}.csv")
+        shutil.copyfile(plan, kept / f"plan-{seed:02d}.json")
     doc = json.loads(plan.read_text())
     conf = doc["inputs"]["confirmation"]
     rates = np.array([a.rate_rps for a in wl.adapters])
@@ -139,6 +148,10 @@ def main() -> None:
     ap.add_argument("--evaluate-seeds", default=None,
                     help="evaluate only the cases of these seeds (comma-separated; default: all). At 100,000 "
                          "adapters one evaluation simulates about 2,000 GPUs for an hour each")
+    ap.add_argument("--plan-args", default="", help="more arguments for `planner plan`, e.g. '--no-size-margin'")
+    ap.add_argument("--keep", type=Path, default=None,
+                    help="keep each workload and plan in KEEP/<adapters>-<family>/ as night-<seed>.csv and "
+                         "plan-<seed>.json (for python -m benchmarks.fidelity.knee_rules)")
     ap.add_argument("--out", type=Path, default=result_path("fleet_plans"))
     args = ap.parse_args()
     rows = []
@@ -153,7 +166,8 @@ def main() -> None:
                 for seed in (int(x) for x in args.seeds.split(",")):
                     evaluate = not args.no_evaluate and (args.evaluate_seeds is None
                                                          or str(seed) in args.evaluate_seeds.split(","))
-                    row = case(family, n, seed, args.profile, Path(tmp), evaluate)
+                    row = case(family, n, seed, args.profile, Path(tmp), evaluate, shlex.split(args.plan_args),
+                               args.keep)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
                     out = {"benchmark": "fleet_plans", "profile": args.profile, "summary": summary(rows), "cases": rows}
