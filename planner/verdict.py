@@ -40,13 +40,15 @@ a few of their requests waiting minutes in every run: a re-planned GPU of 23 ada
 of 17 adapters on 15 passed at 0.74 s with 210 s, and missed with the nightly benchmark's new seed. An
 adapter that finds no free LoRA slot waits until a running one drains, and when such waits reach one
 request in a hundred the p99 is gone. So in each judging run the p99.9 TTFT must also stay within
-:data:`TAIL_FACTOR` times the limit (``TwinRun.tail_factor``): a request left waiting 20 s has been given
+:data:`TAIL_FACTOR` times the limit (``TwinRun.tail_factor``): a request left waiting 10 s has been given
 up by an interactive user anyway (``python -m benchmarks.fidelity.knee_rules`` on nights
-``benchmarks.placement.nightly --keep`` kept; docs/planning.md). Throughput is the served share times the planned arriving tokens.
+``benchmarks.placement.nightly --keep`` kept; docs/planning.md). At 10 times, 2 GPUs of 1,914 re-planned
+GPU-nights of mixed request lengths passed with a p99.9 of 15 and 18 s and missed the SLO with a new
+seed; at 5 times none did, at the same GPUs (``nightly --families mixed-lengths``). Throughput is the served share times the planned arriving tokens.
 A GPU whose request sizes vary more than the profile's default lengths is judged with a larger margin in
 proportion (``TwinRun.size_scaled``, :func:`models.twin_predictor.size_factor`): with mixed request lengths
 a GPU's hourly p99 wanders, and of 764 GPUs of random 10,000-adapter mixed-length plans that two runs at
-1.05 x passed, 21 missed the SLO in another hour; of the 496 this margin passes, 2
+1.05 x passed, 21 missed the SLO in another hour; of the 488 this margin passes, 1
 (``python -m benchmarks.fidelity.knee_rules``, docs/planning.md).
 ``planner evaluate --seed N`` with another seed judges the planned traffic itself, once, by the SLO: an
 independent check of what the plan promised.
@@ -86,7 +88,7 @@ SECOND_SEED = 101
 #: In a judging run a GPU's p99.9 TTFT must stay within this many times its TTFT limit: requests left
 #: waiting for a LoRA slot that long mark a GPU whose p99 jumps over the limit from one hour to the next
 #: (module docstring). Only a judging run's rule: ``planner evaluate`` with another seed checks the SLO.
-TAIL_FACTOR = 10.0
+TAIL_FACTOR = 5.0
 #: Under a latency SLO a judging run lasts as long as this many arrivals take, between SLO_SHORTEST_S and
 #: CONFIRM_DURATION_S (module docstring).
 SLO_MIN_REQUESTS = 40_000.0

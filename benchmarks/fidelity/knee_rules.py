@@ -14,8 +14,8 @@ miss the SLO in some other hour. Rules:
   limit;
 * ``three_seeds``: seeds 0, 101 and 202 on every GPU;
 * ``p99_within_half``: two seeds with p99 TTFT within half the limit (a margin on the p99 itself);
-* ``size_margin``: ``tail_10`` with each GPU's margin scaled by how much its request sizes vary
-  (``TwinRun.size_scaled``, the rule :mod:`planner.verdict` uses now).
+* ``size_margin``: the tail bound at :data:`planner.verdict.TAIL_FACTOR` with each GPU's margin scaled by how
+  much its request sizes vary (``TwinRun.size_scaled``): the rule :mod:`planner.verdict` uses now.
 
 Nights kept by plans judged with a rule pass that rule on every GPU; compare rules on nights whose plans
 were judged by the laxest (``nightly --tail-factor 0``: two seeds, no tail bound; fresh plans:
