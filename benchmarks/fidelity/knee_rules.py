@@ -28,6 +28,7 @@ were judged by the laxest (``nightly --tail-factor 0``: two seeds, no tail bound
 from __future__ import annotations
 
 import argparse
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -44,6 +45,14 @@ from twin.progress import Progress
 
 THIRD_SEED = 202
 TAIL_FACTORS = (5.0, 10.0, 20.0, 50.0)
+
+
+def keep_night(folder: Path, number: int, workload_csv: Path, plan: Path) -> None:
+    """Copy one night's workload and plan into ``folder`` as this benchmark reads them (``--keep`` of
+    ``nightly`` and ``fleet_plans``)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(workload_csv, folder / f"night-{number:02d}.csv")
+    shutil.copyfile(plan, folder / f"plan-{number:02d}.json")
 
 
 def night(plan_path: Path, hours: int, jobs: int) -> dict:

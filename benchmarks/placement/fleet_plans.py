@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.fidelity.knee_rules import keep_night
 from benchmarks.record import result_path, write_result
 from models.scenario import GpuScenario
 from planner.verdict import ServiceBar, TwinRun, twin_check
@@ -94,11 +94,8 @@ def case(family: str, n: int, seed: int, profile_id: str, work: Path, evaluate: 
     if rc != 0:
         row["error"] = err.strip().splitlines()[-1] if err.strip() else ""
         return row
-    if keep is not None:  # as `nightly --keep` does, for benchmarks.fidelity.knee_rules
-        kept = keep / f"{n}-{family}"
-        kept.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(csv, kept / f"night-{seed:02d}.csv")
-        shutil.copyfile(plan, kept / f"plan-{seed:02d}.json")
+    if keep is not None:
+        keep_night(keep / f"{n}-{family}", seed, csv, plan)
     doc = json.loads(plan.read_text())
     conf = doc["inputs"]["confirmation"]
     rates = np.array([a.rate_rps for a in wl.adapters])

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -32,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.fidelity.knee_rules import keep_night
 from benchmarks.record import result_path, write_result
 from planner.replan import MATERIAL_CHANGE, materially_changed
 from twin.families import fleet_nights, write_workload_csv
@@ -87,9 +87,7 @@ def fleet(family: str, n: int, seed: int, nights: int, threshold: float, work: P
                 row["gpus"] = ev["gpus"]
         row["adapters"] = len(wl)
         if keep is not None and rc == 0:
-            keep.mkdir(parents=True, exist_ok=True)
-            shutil.copy(csv, keep / csv.name)
-            shutil.copy(plan, keep / f"plan-{night:02d}.json")
+            keep_night(keep, night, csv, plan)
         print(json.dumps(row), flush=True)
         yield row
         before = rates
