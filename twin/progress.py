@@ -27,7 +27,7 @@ class Progress:
         self.label, self.unit = label, unit
         self.total, self.done, self._start = total, done, done
         self._t0 = self._last = time.monotonic()
-        self._printed, self._printed_at = False, -1
+        self._printed_at: int | None = None  # ``done`` when the last line was printed
         self._bar = tqdm(total=total, initial=done, desc=label, unit=unit, file=self.stream, leave=False,
                          dynamic_ncols=True, disable=not (enabled and self.tty))
 
@@ -54,11 +54,11 @@ class Progress:
 
     def close(self) -> None:
         self._bar.close()
-        if self.enabled and not self.tty and self._printed and self._printed_at != self.done:
+        if self.enabled and not self.tty and self._printed_at not in (None, self.done):
             self._print()
 
     def _print(self) -> None:
-        self._printed, self._printed_at = True, self.done
+        self._printed_at = self.done
         self.stream.write(self.line() + "\n")
         self.stream.flush()
 
