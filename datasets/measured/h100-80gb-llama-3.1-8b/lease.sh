@@ -13,10 +13,11 @@
 #   bash lease.sh wait SECONDS      there: wait for the job (or SECONDS), print its progress and the
 #                                   engines' key log lines, pack /tmp/gpuwork (no adapters) into $OUT
 #
-# job settings: BUDGET_S (default 600) seconds from the job's start to its deadline; RESUME_KV (default 1)
-# copies this folder's raw/kv-nolora.json into a fresh work dir (the same engine without LoRA: one start fewer);
-# CASES (default 10) validation workloads on ENGINES (default 2) engines; CALIBRATION (default 0) calibration
-# cases of `planner profile`. A second lease resumes: carry back the last gpuwork.tar.xz, unpack it to /tmp/gpuwork.
+# job settings: BUDGET_S (default 600) seconds from the job's start to its deadline; RESUME (default 1) starts
+# from this folder's lean/profile and lean/validation, what the last lease finished (0: fresh work dirs, with
+# raw/kv-nolora.json, the same engine without LoRA, taken in: one start fewer); CASES (default 10) validation
+# workloads on ENGINES (default 2) engines; CALIBRATION (default 0) calibration cases of `planner profile`.
+# After a lease, copy the archive's profile/ and validation/ over lean/ so the next one resumes from them.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../../.." && pwd)
@@ -49,7 +50,10 @@ job)
   export PYTHONPATH=/tmp/site:$repo PYTHONUNBUFFERED=1
   deadline=$(( $(date +%s) + ${BUDGET_S:-600} ))
   mkdir -p $W/profile/raw
-  [ "${RESUME_KV:-1}" = 1 ] && [ ! -e $W/profile/spec.json ] && cp "$here"/raw/kv-nolora.json $W/profile/raw/
+  if [ ! -e $W/profile/spec.json ]; then
+    if [ "${RESUME:-1}" = 1 ] && [ -d "$here"/lean/profile ]; then cp -r "$here"/lean/profile "$here"/lean/validation $W/
+    else cp "$here"/raw/kv-nolora.json $W/profile/raw/; fi
+  fi
   date; nvidia-smi -L
   [ -f /tmp/l8/model/config.json ] || python3 -m planner.cli synth --out /tmp/l8 --shape llama-3.1-8b --config-only \
     --adapters-per-rank 0
