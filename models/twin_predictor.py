@@ -12,6 +12,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from functools import partial
 
+import numba
 import numpy as np
 
 from models.scenario import GpuScenario, Predictions
@@ -118,13 +119,44 @@ def die_with_parent() -> None:
 def size_variability(sc: GpuScenario, lengths: LengthModel) -> float:
     """Squared coefficient of variation of a request's tokens (prompt + output) on this GPU: its adapters' mean
     lengths mixed by their request rates, each request's lengths drawn around them by ``lengths``."""
-    rates = np.asarray(sc.rates_rps, float)
-    weight = rates / rates.sum() if rates.sum() > 0 else np.full(len(rates), 1.0 / max(1, len(rates)))
-    d_in, d_out = np.asarray(sc.input_tokens, float), np.asarray(sc.output_tokens, float)
-    cv_in, cv_out = (lengths.input_cv, lengths.output_cv) if lengths.kind != "constant" else (0.0, 0.0)
-    mean = float(weight @ (d_in + d_out))
-    second = float(weight @ (d_in**2 * (1 + cv_in**2) + d_out**2 * (1 + cv_out**2) + 2 * d_in * d_out))
-    return max(0.0, second / mean**2 - 1.0) if mean > 0 else 0.0
+    cv_in2, cv_out2 = length_cv2(lengths)
+    return size_cv2(np.asarray(sc.rates_rps, float), np.asarray(sc.input_tokens, float),
+                    np.asarray(sc.output_tokens, float), cv_in2, cv_out2)
+
+
+def length_cv2(lengths: LengthModel) -> tuple[float, float]:
+    """Squared coefficients of variation of one adapter's prompt and output lengths around their means."""
+    return (lengths.input_cv ** 2, lengths.output_cv ** 2) if lengths.kind != "constant" else (0.0, 0.0)
+
+
+@numba.njit(cache=True)
+def size_cv2(rates, input_tokens, output_tokens, cv_in2, cv_out2):
+    """:func:`size_variability` of adapters given as arrays (the packer asks it of every window it tries)."""
+    n = rates.shape[0]
+    total = rates.sum()
+    mean = 0.0
+    second = 0.0
+    for i in range(n):
+        w = rates[i] / total if total > 0 else 1.0 / n
+        d_in, d_out = input_tokens[i], output_tokens[i]
+        mean += w * (d_in + d_out)
+        second += w * (d_in * d_in * (1.0 + cv_in2) + d_out * d_out * (1.0 + cv_out2) + 2.0 * d_in * d_out)
+    return max(0.0, second / (mean * mean) - 1.0) if mean > 0 else 0.0
+
+
+@numba.njit(cache=True)
+def size_scale(cs2, one_cs2, margin):
+    """:func:`size_factor` from the squared size variation ``cs2`` of a GPU and ``one_cs2`` of one adapter at
+    the profile's default lengths."""
+    k = (1.0 + cs2) / (1.0 + one_cs2)
+    return 1.0 if k <= 1.0 + 1e-9 else (1.0 + margin * k) / (1.0 + margin)
+
+
+def default_size_cv2(profile: Profile) -> float:
+    """:func:`size_variability` of one adapter at the profile's default lengths (where k = 1)."""
+    one = GpuScenario(np.ones(1, np.int64), np.ones(1), np.array([profile.default_input_tokens]),
+                      np.array([profile.default_output_tokens]), 1)
+    return size_variability(one, profile.default_lengths())
 
 
 def size_factor(sc: GpuScenario, profile: Profile, margin: float) -> float:
@@ -133,11 +165,7 @@ def size_factor(sc: GpuScenario, profile: Profile, margin: float) -> float:
     one adapter at the profile's default lengths, when k > 1. A queue's wait grows with (1 + cs^2) (Kingman's
     approximation), so a GPU of mixed request sizes is held to a proportionally larger margin below its knee
     (docs/planning.md, "A larger margin for mixed request sizes")."""
-    lengths = profile.default_lengths()
-    one = GpuScenario(np.ones(1, np.int64), np.ones(1), np.array([profile.default_input_tokens]),
-                      np.array([profile.default_output_tokens]), 1)
-    k = round((1.0 + size_variability(sc, lengths)) / (1.0 + size_variability(one, lengths)), 9)  # 1: as asked
-    return 1.0 if k <= 1.0 else (1.0 + margin * k) / (1.0 + margin)
+    return size_scale(size_variability(sc, profile.default_lengths()), default_size_cv2(profile), margin)
 
 
 def scenario_duration_s(sc: GpuScenario, duration_s: float, min_requests: float, max_duration_s: float) -> float:

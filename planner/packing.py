@@ -15,6 +15,7 @@ from functools import cached_property
 import numpy as np
 
 from models.scenario import GpuScenario, Predictions, Predictor
+from models.twin_predictor import default_size_cv2, length_cv2, size_cv2, size_scale
 from planner.verdict import ServiceBar, group_limits
 from twin.errors import BadInputError, InfeasibleError
 from twin.policies.memory import UnifiedPool, kv_capacity
@@ -39,6 +40,10 @@ class PackRequest:
     seed: int = 0
     policy: PolicySpec | None = None  # the predictor's serving policy; None: stock vLLM
     margin: float = 0.0  # a GPU passes only if predicted to keep up with (1 + margin) x its load
+    # The judging run's load margin where it scales with request sizes (TwinRun.size_scaled): a group whose
+    # sizes vary more than the profile's default lengths is asked about that much more load, as it will be
+    # judged (:meth:`aim_scale`); 0: as asked.
+    size_margin: float = 0.0
     # What a packed GPU must be predicted to meet (besides not starving): the bar of the twin confirmation,
     # so that an accurate predictor needs one round; None: not starving alone (the baselines).
     bar: ServiceBar | None = None
@@ -69,6 +74,23 @@ class PackRequest:
 
     def adapter_id(self, i: int) -> str:
         return self.workload.adapters[i].adapter_id
+
+    @cached_property
+    def size_terms(self) -> tuple[float, float, float]:
+        """(prompt and output length variation squared, the size variation of one adapter at the profile's
+        default lengths): what :func:`models.twin_predictor.size_cv2` and ``size_scale`` need."""
+        return (*length_cv2(self.profile.default_lengths()), default_size_cv2(self.profile))
+
+    def aim_scale(self, shares: dict[int, float]) -> float:
+        """The load a group is asked about, over its own: (1 + margin), times the judging run's scaling for
+        varied request sizes when ``size_margin`` > 0."""
+        if self.size_margin <= 0:
+            return 1.0 + self.margin
+        idx = np.fromiter(shares, np.int64, len(shares))
+        rates = self.rates_rps[idx] * np.fromiter(shares.values(), np.float64, len(shares))
+        cv_in2, cv_out2, one = self.size_terms
+        cs2 = size_cv2(rates, self.input_tokens[idx], self.output_tokens[idx], cv_in2, cv_out2)
+        return (1.0 + self.margin) * size_scale(cs2, one, self.size_margin)
 
     @cached_property
     def kv(self) -> KVCapacity | UnifiedPool:
@@ -166,7 +188,7 @@ STRESS_FACTOR = 1.5
 def best_a_max(req: PackRequest, shares: dict[int, float]) -> GroupVerdict:
     """Test one GPU's group over every memory-feasible A_max candidate.
 
-    Among candidates that pass (:func:`passing`, at the load scaled by ``1 + req.margin``), pick the one
+    Among candidates that pass (:func:`passing`, at the load scaled by :meth:`PackRequest.aim_scale`), pick the one
     with the most room when that load is scaled again by :data:`STRESS_FACTOR`: under a p99 TTFT limit a
     predictor of latency can check, the lowest predicted TTFT there; else the highest predicted
     throughput there. Ties go to the larger A_max. Not ok when no candidate passes or none starts in
@@ -176,7 +198,7 @@ def best_a_max(req: PackRequest, shares: dict[int, float]) -> GroupVerdict:
     cands = a_max_candidates(req.kv, ranks, len(shares))
     if not cands:
         return GroupVerdict(False)
-    scale = 1.0 + req.margin
+    scale = req.aim_scale(shares)
     scenarios = [group_scenario(req, shares, a, scale) for a in cands]
     nominal = req.predictor.predict(scenarios)
     keep = [a for a, ok in zip(cands, passing(req, nominal, scenarios)) if ok]
@@ -198,7 +220,7 @@ def keeps_up(req: PackRequest, shares: dict[int, float], a_max: int, max_lora_ra
     settings)?"""
     if int(req.ranks[list(shares)].max()) > max_lora_rank or req.kv.tokens_for(a_max, max_lora_rank) is None:
         return False
-    scen = [group_scenario(req, shares, a_max, 1.0 + req.margin, max_lora_rank=max_lora_rank)]
+    scen = [group_scenario(req, shares, a_max, req.aim_scale(shares), max_lora_rank=max_lora_rank)]
     return bool(passing(req, req.predictor.predict(scen), scen)[0])
 
 

@@ -19,6 +19,7 @@ import numpy as np
 from models.features import ARRIVING, N_FEATURES, N_SUMS, finish_features, scenario_sums, throughput_base
 from models.surrogate import SurrogatePredictor
 from models.trees import forest_row
+from models.twin_predictor import size_cv2, size_scale
 from planner.packing import STRESS_FACTOR, GroupVerdict, PackRequest, a_max_limit, best_a_max
 
 Entry = tuple[int, float]  # (adapter index, share of its traffic)
@@ -63,13 +64,14 @@ class PrefixSearch:
             return self._search(pos, k_max)
         req, pred = self.req, self.req.predictor
         rank_values, limits, lora_ranks, points, kv = self._candidate_tables()
-        scale = 1.0 + req.margin
+        cv_in2, cv_out2, one_cs2 = req.size_terms
         t, s = pred.throughput_forest, pred.starved_forest
         ttft = pred.ttft_forest if req.bar is not None and pred.ttft_forest is not None else t
         k, a_max = _largest_prefix(
             pred.terms, ranks[pos:], rates[pos:], d_in[pos:], d_out[pos:], self._ttft_limits()[pos:], k_max,
             rank_values, limits, lora_ranks, points, kv,
-            scale, STRESS_FACTOR * scale, float(req.min_ratio), ttft is not t,
+            1.0 + req.margin, STRESS_FACTOR, float(req.min_ratio), ttft is not t, float(req.size_margin), cv_in2,
+            cv_out2, one_cs2,
             t.nodes, t.thresholds, t.leaf_row, t.leaf_value, t.roots,
             s.nodes, s.thresholds, s.leaf_row, s.leaf_value, s.roots,
             ttft.nodes, ttft.thresholds, ttft.leaf_row, ttft.leaf_value, ttft.roots)
@@ -157,11 +159,13 @@ class PrefixSearch:
 
 @numba.njit(cache=True)
 def _largest_prefix(terms, ranks, rates, input_tokens, output_tokens, ttft_limits, k_max, rank_values, limits,
-                    lora_ranks, points, kv, scale, stress, min_ratio, use_ttft, t_nodes, t_thresholds, t_leaf_row,
-                    t_leaf_value, t_roots, s_nodes, s_thresholds, s_leaf_row, s_leaf_value, s_roots, l_nodes,
-                    l_thresholds, l_leaf_row, l_leaf_value, l_roots):
+                    lora_ranks, points, kv, scale, stress, min_ratio, use_ttft, size_margin, cv_in2, cv_out2, one_cs2,
+                    t_nodes, t_thresholds, t_leaf_row, t_leaf_value, t_roots, s_nodes, s_thresholds, s_leaf_row,
+                    s_leaf_value, s_roots, l_nodes, l_thresholds, l_leaf_row, l_leaf_value, l_roots):
     """PrefixSearch._search over compiled verdicts: (k, A_max), (0, 0) when the first adapter alone fails.
-    ``ttft_limits``: per entry, log10 of its p99 TTFT limit in ms; ``use_ttft``: the ``l_*`` forest predicts it."""
+    ``ttft_limits``: per entry, log10 of its p99 TTFT limit in ms; ``use_ttft``: the ``l_*`` forest predicts it;
+    ``scale`` is 1 + the margin and ``stress`` the stress factor on top of it; ``size_margin`` and the size terms:
+    :meth:`PackRequest.aim_scale`."""
     buf = np.empty(k_max)
     nominal, stressed = np.empty(N_SUMS), np.empty(N_SUMS)
     x, x32, out = np.empty(N_FEATURES), np.empty(N_FEATURES, np.float32), np.empty(2)
@@ -175,7 +179,8 @@ def _largest_prefix(terms, ranks, rates, input_tokens, output_tokens, ttft_limit
         strictest = min(strictest, ttft_limits[i])
         limit[i] = strictest
     args = (terms, ranks, rates, input_tokens, output_tokens, need, limit, limits, lora_ranks, points, kv, scale,
-            stress, min_ratio, use_ttft, buf, nominal, stressed, x, x32, out, t_nodes, t_thresholds, t_leaf_row,
+            stress, min_ratio, use_ttft, size_margin, cv_in2, cv_out2, one_cs2, buf, nominal, stressed, x, x32, out,
+            t_nodes, t_thresholds, t_leaf_row,
             t_leaf_value, t_roots, s_nodes, s_thresholds, s_leaf_row, s_leaf_value, s_roots, l_nodes, l_thresholds,
             l_leaf_row, l_leaf_value, l_roots)
     a_first = _prefix_verdict(1, *args)
@@ -208,9 +213,10 @@ def _largest_prefix(terms, ranks, rates, input_tokens, output_tokens, ttft_limit
 
 @numba.njit(cache=True)
 def _prefix_verdict(k, terms, ranks, rates, input_tokens, output_tokens, need, ttft_limit, limits, lora_ranks, points,
-                    kv, scale, stress, min_ratio, use_ttft, buf, nominal, stressed, x, x32, out, t_nodes, t_thresholds,
-                    t_leaf_row, t_leaf_value, t_roots, s_nodes, s_thresholds, s_leaf_row, s_leaf_value, s_roots,
-                    l_nodes, l_thresholds, l_leaf_row, l_leaf_value, l_roots):
+                    kv, scale, stress, min_ratio, use_ttft, size_margin, cv_in2, cv_out2, one_cs2, buf, nominal,
+                    stressed, x, x32, out, t_nodes, t_thresholds, t_leaf_row, t_leaf_value, t_roots, s_nodes,
+                    s_thresholds, s_leaf_row, s_leaf_value, s_roots, l_nodes, l_thresholds, l_leaf_row, l_leaf_value,
+                    l_roots):
     """``best_a_max`` of the first k adapters: the chosen A_max, 0 if none passes. Candidates as
     ``a_max_candidates``: every profiled point below top = min(k, A_max limit), then top. With a TTFT limit
     and a latency forest, the passing candidate with the lowest p99 TTFT at the stressed load wins, else the
@@ -222,6 +228,9 @@ def _prefix_verdict(k, terms, ranks, rates, input_tokens, output_tokens, need, t
     rank = lora_ranks[row]
     lim = ttft_limit[k - 1]
     latency = use_ttft and lim < np.inf
+    if size_margin > 0:
+        scale = scale * size_scale(size_cv2(rates[:k], input_tokens[:k], output_tokens[:k], cv_in2, cv_out2),
+                                   one_cs2, size_margin)
     for i in range(k):
         buf[i] = rates[i] * scale
     scenario_sums(ranks[:k], buf[:k], input_tokens[:k], output_tokens[:k], nominal)
@@ -241,7 +250,7 @@ def _prefix_verdict(k, terms, ranks, rates, input_tokens, output_tokens, need, t
             continue
         if not have_stressed:
             for i in range(k):
-                buf[i] = rates[i] * stress
+                buf[i] = rates[i] * (stress * scale)
             scenario_sums(ranks[:k], buf[:k], input_tokens[:k], output_tokens[:k], stressed)
             have_stressed = True
         _features32(terms, stressed, a, rank, tokens, x, x32)

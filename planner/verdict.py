@@ -278,6 +278,11 @@ class TwinRun:
                        tail_factor=tail_factor, size_scaled=size_scaled)
         return cls(CONFIRM_DURATION_S, jobs=jobs, tail_factor=tail_factor, size_scaled=size_scaled)
 
+    @property
+    def size_margin(self) -> float:
+        """The load margin a run scales with a GPU's request-size variation (0: none)."""
+        return self.load - 1.0 if self.size_scaled else 0.0
+
     def predictor(self, profile, policy, slowdown: float, min_served: float = CONFIRM_RATIO,
                   progress: Callable[[int, int], None] | None = None) -> TwinPredictor | WorstOfSeeds:
         """The twin as a predictor of the traffic it is given (``load`` is applied by :func:`twin_check`): its
@@ -285,7 +290,7 @@ class TwinRun:
         first = TwinPredictor(profile, self.duration_s, self.seed, policy=policy, jobs=self.jobs,
                               slowdown=slowdown, arrivals=self.arrivals, progress=progress,
                               min_requests=self.min_requests, max_duration_s=self.max_duration_s,
-                              size_margin=self.load - 1.0 if self.size_scaled else 0.0)
+                              size_margin=self.size_margin)
         if self.second_seed is None:
             return first
         return WorstOfSeeds(first, replace(first, seed=self.second_seed, progress=None), min_served, self.tail_factor)

@@ -73,6 +73,22 @@ def test_compiled_search_with_margin_slo_and_partial_shares(llama, monkeypatch, 
     assert fast == slow and not isinstance(fast, str)
 
 
+def test_compiled_search_aims_at_the_size_scaled_judging_load(llama, monkeypatch):
+    """Mixed request lengths: a window is asked about the load its judging run will simulate (the margin times
+    the variation of its request sizes, PackRequest.aim_scale), in both searches; the aim changes the plan."""
+    from twin.families import family_workload
+
+    req = replace(PackRequest.build(family_workload("mixed-lengths", 300, 7), llama, load_predictor(llama, "surrogate"),
+                                    1000), margin=0.3, bar=ServiceBar())
+    aimed = replace(req, size_margin=0.05)
+    mixed = {i: 1.0 for i in range(20)}
+    assert aimed.aim_scale(mixed) > 1.3 + 1e-6 and req.aim_scale(mixed) == 1.3
+    fast, _ = plan(aimed, monkeypatch, True)
+    slow, _ = plan(aimed, monkeypatch, False)
+    assert fast == slow and not isinstance(fast, str)
+    assert fast != plan(req, monkeypatch, True)[0]
+
+
 def test_compiled_search_under_a_unified_pool(llama, monkeypatch):
     """Another serving policy's memory rule (every A_max starts with the whole pool)."""
     chameleon = policy_from_name("chameleon")
