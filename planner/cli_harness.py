@@ -251,11 +251,14 @@ def profile(device, model_dir, out, profile_id, work_dir, kv_cache_bytes, gpu_me
 @click.option("--deadline", default=None, metavar="WHEN",
               help="Stop, exit 5, before an engine or workload that would not finish by WHEN (epoch seconds, or "
                    "a time from now: 12m); the workloads done are saved and the same command resumes.")
+@click.option("--kv-cache-memory-bytes", "kv_cache_bytes", type=click.IntRange(min=1), default=None,
+              help="Start every engine with this KV cache (vLLM's flag of that name) and run the twin with it: "
+                   "small enough, the workloads are limited by KV memory (preemptions) [default: the profile's].")
 @click.option("--record", is_flag=True, help="Also store the summary in the profile JSON's `validation` field.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @user_errors
 def validate(profile_id, model_dir, cases, duration, warmup, seed, work_dir, workloads_of, out_dir, python, gpu,
-             engines, deadline, record, as_json) -> None:
+             engines, deadline, kv_cache_bytes, record, as_json) -> None:
     """Run workloads the profile was not fitted on, on real vLLM and in the twin, and compare.
 
     Each workload (Poisson arrivals, skewed per-adapter rates, 1-8 GPU slots, light to overloaded)
@@ -269,6 +272,8 @@ def validate(profile_id, model_dir, cases, duration, warmup, seed, work_dir, wor
       planner validate --profile cpu-2core-tiny-llama --model work/tiny/model --cases 32
       planner validate --profile cpu-2core-tiny-llama --model work/tiny/model \\
           --workloads-of validation-work/cpu-2core-tiny-llama --work-dir validation-work/rerun
+      planner validate --profile h100.json --cases 4 --engines 1 \\
+          --kv-cache-memory-bytes 2147483648 --work-dir validation-work/kv-limited
     """
     from serving_harness.calibration import stored_workloads
     from serving_harness.validation import Validator, refuse_calibration_workloads
@@ -290,7 +295,7 @@ def validate(profile_id, model_dir, cases, duration, warmup, seed, work_dir, wor
         raise BadInputError(f"model directory {model!r} not found; pass --model (e.g. from `planner synth`)")
     work = Path(work_dir) if work_dir else Path("validation-work") / prof.profile_id
     validator = Validator(prof, str(Path(model)), work, duration, warmup, python, counter("validating", unit="case"), gpu,
-                          deadline=parse_deadline(deadline), engines=engines or 0)
+                          deadline=parse_deadline(deadline), engines=engines or 0, kv_cache_bytes=kv_cache_bytes)
     if saved:
         validator.adopt_workloads(saved, workloads_of)
     rows = validator.compare(validator.run(validator.workload_set(cases, seed)))

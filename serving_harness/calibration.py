@@ -43,6 +43,7 @@ class RecordedRun:
     workload: Workload
     requests: Requests
     real: dict
+    kv_tokens: int | None = None  # the explicit KV cache its engine ran with (``workloads.json``'s ``kv_cache``)
 
 
 def stored_workloads(work_dir: str | Path) -> dict:
@@ -92,7 +93,9 @@ def recorded_run(work_dir: Path, row: dict, duration_s: float, warmup_s: float) 
     engine_itl = MetricsSeries.from_parquet(metrics).engine_itl_ms(warmup_s, duration_s) if metrics.is_file() \
         else float("nan")
     real = {**asdict(summarise(records, duration_s, warmup_s)), "itl_ms_engine": engine_itl}
-    return RecordedRun(row["case_id"], row["a_max"], row["max_lora_rank"], workload, requests, real)
+    kv = stored_workloads(work_dir).get("kv_cache") if (work_dir / "workloads.json").is_file() else None
+    return RecordedRun(row["case_id"], row["a_max"], row["max_lora_rank"], workload, requests, real,
+                       kv["tokens"] if kv else None)
 
 
 #: Parameters: log scales of (k5, l0), (k4, l1) and kp, then the arrival delay in ms.
@@ -112,7 +115,10 @@ def calibrated(latency: StepLatency, theta: np.ndarray, source: str = "") -> Ste
 
 
 def twin_result(profile: Profile, run: RecordedRun, duration_s: float, warmup_s: float) -> dict:
-    """The twin's figures for the very requests of ``run`` (trace replay)."""
+    """The twin's figures for the very requests of ``run`` (trace replay), with its engine's KV cache where that
+    was set explicitly."""
+    if run.kv_tokens:
+        profile = profile.with_kv_tokens(run.kv_tokens)
     sim = simulate(run.workload, profile, SimConfig(a_max=run.a_max, duration_s=duration_s, warmup_s=warmup_s,
                                                     max_lora_rank=run.max_lora_rank), requests=run.requests)
     return {k: v for k, v in sim.to_dict().items() if not isinstance(v, (dict, list))}

@@ -2,7 +2,9 @@
 
 :func:`validation_cases` draws a set of Poisson workloads (adapters, ranks, skewed rates, lengths,
 A_max) whose offered load spans light to overloaded, sized with the twin's own saturation estimate
-so that some starve and some do not; with a small KV cache some are memory-limited (preemptions).
+so that some starve and some do not; with a small KV cache some are memory-limited (preemptions): an
+explicit one (``Validator.kv_cache_bytes``, ``planner validate --kv-cache-memory-bytes``) makes a GPU's
+workloads memory-limited within a 30-second run, and the twin replays them with the same KV.
 Each case runs on a real engine (one engine per (A_max, max_lora_rank), serving a pool of
 synthetic adapters) and through the twin with the very same requests (trace replay), under the same
 window convention: arrivals over [0, duration), measurement window [warmup, duration], requests
@@ -52,11 +54,17 @@ POOL_PER_RANK = 12
 CASE_OVERHEAD_S = 30.0
 
 
-def engine_groups(ranks: tuple[int, ...]) -> list[tuple[int, int]]:
+def _kv_words(kv: dict | None) -> str:
+    return f" with a {kv['bytes']}-byte KV cache" if kv else ""
+
+
+def engine_groups(ranks: tuple[int, ...], memory_limited: bool = False) -> list[tuple[int, int]]:
     """(A_max, max_lora_rank) engine groups the cases are spread over: 1–8 slots, the largest and
-    smallest profiled ranks."""
+    smallest profiled ranks; for ``memory_limited`` sets the most slots first (KV binds where many adapters
+    run at once)."""
     top, low = max(ranks), min(ranks)
-    return [(1, top), (2, low), (4, top), (8, top), (4, low)]
+    groups = [(1, top), (2, low), (4, top), (8, top), (4, low)]
+    return sorted(groups, key=lambda g: -g[0]) if memory_limited else groups
 
 
 @dataclass(frozen=True)
@@ -77,32 +85,45 @@ class ValidationCase:
         return LengthModel.lognormal(0.5) if self.lengths == "lognormal" else LengthModel()
 
 
-def saturation_tok_s(profile: Profile, a_max: int, rank: int, n_adapters: int, in_tok: float, out_tok: float) -> float:
-    """The twin's throughput for a heavily overloaded server (the scale for offered loads)."""
-    wl = Workload(tuple(Adapter(f"r{rank}-{i}", rank, 200.0 / n_adapters, in_tok, out_tok)
-                        for i in range(n_adapters)))
-    res = simulate(wl, profile, SimConfig(a_max=a_max, duration_s=20.0, warmup_s=5.0, max_lora_rank=rank))
-    return res.total_throughput_tok_s
+def saturation_tok_s(profile: Profile, a_max: int, rank: int, n_adapters: int, in_tok: float, out_tok: float,
+                     sweep: bool = False) -> float:
+    """The twin's throughput for a heavily overloaded server (200 req/s; the scale for offered loads). With
+    ``sweep``, the most it serves at 200 req/s halved down to about 3: a server whose KV cache binds serves
+    less under a flood than at its knee (requests preempted and admitted again)."""
+    rates = 200.0 / 2.0 ** np.arange(7 if sweep else 1)
+    out = 0.0
+    for rate in rates:
+        wl = Workload(tuple(Adapter(f"r{rank}-{i}", rank, rate / n_adapters, in_tok, out_tok)
+                            for i in range(n_adapters)))
+        res = simulate(wl, profile, SimConfig(a_max=a_max, duration_s=20.0, warmup_s=5.0, max_lora_rank=rank))
+        out = max(out, res.total_throughput_tok_s)
+    return out
 
 
-def validation_cases(profile: Profile, n: int, seed: int = 2024, engines: int = 0) -> list[ValidationCase]:
+def validation_cases(profile: Profile, n: int, seed: int = 2024, engines: int = 0,
+                     memory_limited: bool = False) -> list[ValidationCase]:
     """``n`` cases over the engine groups (the first ``engines`` of them; 0: all), load factors spread over
-    [0.3, 1.8]."""
+    [0.3, 1.8]; ``memory_limited`` (a small explicit KV cache): requests up to four times as long, so that the
+    running requests fill the KV cache, and loads scaled to the most the twin serves (``saturation_tok_s``'s
+    sweep)."""
     rng = np.random.default_rng(seed)
     cases = []
     loads = rng.permutation(np.linspace(0.3, 1.8, n))
     ranks = sorted(profile.kv.lora_ranks)
-    groups = engine_groups(profile.kv.lora_ranks)[:engines or None]
+    groups = [g for g in engine_groups(profile.kv.lora_ranks, memory_limited)
+              if profile.kv.tokens_for(*g) is not None][:engines or None]  # those the profile says start
+    # up to 4 x, as far as the longest request (256 + 64 tokens) still fits the engine's context
+    longer = min(4, max(1, profile.engine.max_model_len // 320)) if memory_limited else 1
     for i in range(n):
         a_max, max_rank = groups[i % len(groups)]
         n_ad = int(rng.choice([2, 3, 4, 6, 8, 12]))
-        in_tok = float(rng.choice([32, 64, 128, 256]))
-        out_tok = float(rng.choice([16, 32, 64]))
+        in_tok = float(rng.choice([32, 64, 128, 256])) * longer
+        out_tok = float(rng.choice([16, 32, 64])) * longer
         usable = [r for r in ranks if r <= max_rank]
         ad_ranks = rng.choice(usable, n_ad)
         ad_ranks[0] = max_rank  # the group's max_lora_rank is needed by the workload
         weights = rng.dirichlet(np.full(n_ad, 0.8))
-        sat = saturation_tok_s(profile, a_max, max_rank, n_ad, in_tok, out_tok)
+        sat = saturation_tok_s(profile, a_max, max_rank, n_ad, in_tok, out_tok, sweep=memory_limited)
         total_rps = loads[i] * sat / (in_tok + out_tok)
         used = {r: 0 for r in ranks}
         adapters = []
@@ -129,6 +150,27 @@ class Validator:
     probe: bool = True  # speed probes around each case (calibration runs go without)
     deadline: float | None = None  # epoch seconds: stop (OutOfTimeError) before an engine or case that would not finish
     engines: int = 0  # spread the cases over the first this many engine groups (0: all of engine_groups)
+    # Start every engine with this KV cache (vLLM's --kv-cache-memory-bytes), small enough that the workloads
+    # are limited by KV memory (preemptions); the twin runs with the same KV. None: the profile's engine.
+    kv_cache_bytes: int | None = None
+
+    def kv_cache(self) -> dict | None:
+        """The explicit KV cache of this work dir's engines: its bytes and the tokens they hold (whole blocks of
+        the model's KV bytes per token); None without ``kv_cache_bytes``."""
+        if self.kv_cache_bytes is None:
+            return None
+        block = self.profile.engine.block_size
+        tokens = self.kv_cache_bytes // (model_shape(self.model_dir).kv_bytes_per_token * block) * block
+        if tokens < self.profile.engine.max_model_len:
+            raise BadInputError(f"--kv-cache-memory-bytes {self.kv_cache_bytes} holds {tokens} KV tokens of this "
+                                f"model, fewer than one {self.profile.engine.max_model_len}-token sequence: vLLM "
+                                "would not start")
+        return {"bytes": self.kv_cache_bytes, "tokens": int(tokens)}
+
+    def sized_profile(self) -> Profile:
+        """The profile the workloads are sized with: with the explicit KV cache where one is set."""
+        kv = self.kv_cache()
+        return self.profile if kv is None else self.profile.with_kv_tokens(kv["tokens"], kv["bytes"])
 
     def _adapter_pool(self, max_rank: int) -> dict[str, str]:
         shape = model_shape(self.model_dir)
@@ -148,7 +190,8 @@ class Validator:
         return EngineConfig(
             model=self.model_dir, adapters=tuple(pool.items()), max_loras=a_max, max_lora_rank=max_rank,
             max_cpu_loras=len(pool), max_num_batched_tokens=e.max_num_batched_tokens, max_num_seqs=e.max_num_seqs,
-            max_model_len=e.max_model_len, kv_cache_bytes=e.kv_cache_bytes, device=measured.get("device", "cpu"),
+            max_model_len=e.max_model_len, kv_cache_bytes=self.kv_cache_bytes or e.kv_cache_bytes,
+            device=measured.get("device", "cpu"),
             gpu=measured.get("gpu") if self.gpu is None else self.gpu,
             gpu_memory_utilization=measured.get("gpu_memory_utilization"),
             load_format=measured.get("load_format", "auto"),
@@ -157,17 +200,20 @@ class Validator:
     def workload_set(self, n: int, seed: int) -> list[ValidationCase]:
         """This work dir's workloads: drawn once (sized with the profile of that time), reused on reruns."""
         path = self.work_dir / "workloads.json"
+        kv = self.kv_cache()
         if path.is_file():
             saved = stored_workloads(self.work_dir)
-            if (saved["count"], saved["seed"], saved.get("engines", 0)) != (n, seed, self.engines):
+            if (saved["count"], saved["seed"], saved.get("engines", 0), saved.get("kv_cache")) != (
+                    n, seed, self.engines, kv):
                 raise BadInputError(f"{self.work_dir} holds runs of {saved['count']} workloads with seed "
-                                    f"{saved['seed']} on {saved.get('engines') or 'all'} engine groups; use another "
-                                    f"work dir for {n} with seed {seed} on {self.engines or 'all'}")
+                                    f"{saved['seed']} on {saved.get('engines') or 'all'} engine groups"
+                                    f"{_kv_words(saved.get('kv_cache'))}; use another work dir for {n} with seed "
+                                    f"{seed} on {self.engines or 'all'}{_kv_words(kv)}")
             return [ValidationCase(**{**c, "adapters": tuple(Adapter(**a) for a in c["adapters"])})
                     for c in saved["cases"]]
-        cases = validation_cases(self.profile, n, seed, self.engines)
+        cases = validation_cases(self.sized_profile(), n, seed, self.engines, memory_limited=kv is not None)
         write_json_atomic(path, {"count": n, "seed": seed, **({"engines": self.engines} if self.engines else {}),
-                                 "cases": [asdict(c) for c in cases]})
+                                 **({"kv_cache": kv} if kv else {}), "cases": [asdict(c) for c in cases]})
         return cases
 
     def adopt_workloads(self, saved: dict, source_dir: str | os.PathLike) -> None:
@@ -204,7 +250,8 @@ class Validator:
                 self._warm_up(engine.base_url, todo[0])
                 for case in todo:
                     lease.need(case_s, f"workload {case.case_id}")
-                    write_json_atomic(self._case_path(case), self.run_case(engine.base_url, case))
+                    write_json_atomic(self._case_path(case),
+                                      {**self.run_case(engine.base_url, case), "engine_kv_tokens": started.kv_tokens})
                     done += 1
                     self.report_progress(done, len(cases), case.case_id)
         return [json.loads(self._case_path(c).read_text(encoding="utf-8")) for c in cases]

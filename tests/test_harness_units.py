@@ -333,6 +333,35 @@ def test_a_cuda_profile_is_validated_on_the_engine_it_was_measured_on(tmp_path):
     assert Validator(profile_from_dict(doc), str(model), tmp_path / "v", gpu=3).engine_config(8, 16).gpu == 3
 
 
+def test_an_explicit_kv_cache_makes_a_memory_limited_workload_set(tmp_path):
+    """`planner validate --kv-cache-memory-bytes`: the engines get the flag, the work dir records the KV cache
+    (bytes and the tokens they hold), the workloads go to the engine with the most slots with longer requests,
+    and in the twin with that KV some of them preempt where the profile's own KV cache never binds."""
+    from serving_harness.validation import Validator
+    from twin import SimConfig, load_profile, simulate
+
+    h100 = load_profile("h100-80gb-llama-3.1-8b")
+    v = Validator(h100, "llama-3.1-8b", tmp_path / "kv", kv_cache_bytes=2 << 30, engines=1)
+    cases = v.workload_set(4, 2025)
+    saved = json.loads((tmp_path / "kv" / "workloads.json").read_text())
+    assert saved["kv_cache"] == {"bytes": 2 << 30, "tokens": 16384}  # 128 KiB a token (32 layers, 8 KV heads)
+    assert {(c.a_max, c.max_lora_rank) for c in cases} == {(8, 32)}
+    argv = v.engine_config(8, 32).argv(1)
+    assert argv[argv.index("--kv-cache-memory-bytes") + 1] == str(2 << 30)
+    small = v.sized_profile()
+    assert small.kv.tokens_for(8, 32) == small.kv.tokens_for(256, 16) == 16384
+
+    def preemptions(profile):
+        return [simulate(c.workload, profile, SimConfig(a_max=8, duration_s=30.0, max_lora_rank=32,
+                                                        seed=c.seed)).preemptions for c in cases]
+
+    assert max(preemptions(small)) > 0 and max(preemptions(h100)) == 0
+    with pytest.raises(BadInputError, match="2147483648-byte KV cache"):
+        replace(v, kv_cache_bytes=4 << 30).workload_set(4, 2025)
+    with pytest.raises(BadInputError, match="fewer than one 8192-token sequence"):
+        Validator(h100, "llama-3.1-8b", tmp_path / "tiny", kv_cache_bytes=1 << 29).workload_set(4, 2025)
+
+
 def test_profile_on_cuda_sizes_its_batches_for_a_gpu(tmp_path, monkeypatch):
     from click.testing import CliRunner
 

@@ -301,6 +301,14 @@ class Profile:
         delay, the scheduler's per-request cost and the adapter load times are kept."""
         return self if factor == 1.0 else replace(self, step_latency=self.step_latency.scaled(factor))
 
+    def with_kv_tokens(self, tokens: int, kv_cache_bytes: int | None = None) -> Profile:
+        """This profile's engine started with an explicit KV cache (vLLM's ``--kv-cache-memory-bytes``) of
+        ``tokens``: that many at every A_max and rank that starts, as LoRA slots take nothing from it."""
+        kv = self.kv
+        table = {r: tuple(None if t is None else tokens for t in ts) for r, ts in kv.tokens.items()}
+        return replace(self, kv=replace(kv, no_lora_tokens=tokens, tokens=table),
+                       engine=replace(self.engine, kv_cache_bytes=kv_cache_bytes or self.engine.kv_cache_bytes))
+
     def with_latency_variant(self, name: str) -> Profile:
         """This profile with another step-latency model (e.g. the study's own constants)."""
         if name in ("", "default"):

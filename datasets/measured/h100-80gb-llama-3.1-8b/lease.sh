@@ -16,8 +16,10 @@
 # job settings: BUDGET_S (default 600) seconds from the job's start to its deadline; RESUME (default 1) starts
 # from this folder's lean/profile and lean/validation, what the last lease finished (0: fresh work dirs, with
 # raw/kv-nolora.json, the same engine without LoRA, taken in: one start fewer); CASES (default 10) validation
-# workloads on ENGINES (default 2) engines; CALIBRATION (default 0) calibration cases of `planner profile`.
-# After a lease, copy the archive's profile/ and validation/ over lean/ so the next one resumes from them.
+# workloads on ENGINES (default 2) engines; then KV_CASES (default 4; 0: none) workloads limited by KV memory on
+# one engine with a KV_BYTES (default 2 GiB) KV cache; CALIBRATION (default 0) calibration cases of `planner
+# profile`. After a lease, copy the archive's profile/, validation/ and validation-kv/ over lean/ so the next
+# one resumes from them.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../../.." && pwd)
@@ -51,7 +53,7 @@ job)
   deadline=$(( $(date +%s) + ${BUDGET_S:-600} ))
   mkdir -p $W/profile/raw
   if [ ! -e $W/profile/spec.json ]; then
-    if [ "${RESUME:-1}" = 1 ] && [ -d "$here"/lean/profile ]; then cp -r "$here"/lean/profile "$here"/lean/validation $W/
+    if [ "${RESUME:-1}" = 1 ] && [ -d "$here"/lean/profile ]; then cp -r "$here"/lean/profile "$here"/lean/validation* $W/
     else cp "$here"/raw/kv-nolora.json $W/profile/raw/; fi
   fi
   date; nvidia-smi -L
@@ -65,7 +67,14 @@ job)
   if [ $rc = 0 ]; then
     python3 -m planner.cli validate --profile $W/h100-80gb-llama-3.1-8b.json --cases "${CASES:-10}" \
       --engines "${ENGINES:-2}" --deadline $deadline --work-dir $W/validation --out-dir $W/validation-out
-    echo "VALIDATE_RC=$?"
+    rc=$?
+    if [ $rc = 0 ] && [ "${KV_CASES:-4}" -gt 0 ]; then  # then workloads limited by KV memory, on one engine
+      python3 -m planner.cli validate --profile $W/h100-80gb-llama-3.1-8b.json --cases "${KV_CASES:-4}" \
+        --engines 1 --seed 2025 --kv-cache-memory-bytes "${KV_BYTES:-2147483648}" --deadline $deadline \
+        --work-dir $W/validation-kv --out-dir $W/validation-kv-out
+      rc=$?
+    fi
+    echo "VALIDATE_RC=$rc"
   else
     echo "VALIDATE_RC=not run (the profile is not finished: exit 5 means rerun in the next lease)"
   fi
@@ -74,8 +83,8 @@ wait)
   end=$((SECONDS + $2))
   while [ $SECONDS -lt $end ] && ! grep -q VALIDATE_RC $W/job.log 2>/dev/null; do sleep 5; done
   tr '\r' '\n' < $W/job.log | grep -v '^\s*$' | tail -n 40
-  ls -la $W/profile/raw $W/validation/cases 2>/dev/null
-  for f in $W/profile/logs/*.log $W/validation/logs/*.log; do
+  ls -la $W/profile/raw $W/validation/cases $W/validation-kv/cases 2>/dev/null
+  for f in $W/profile/logs/*.log $W/validation*/logs/*.log; do
     [ -f "$f" ] && echo "== $f" && grep -E "KV cache size|Model loading took|init engine|Graph capturing finished|ERROR|Error" "$f" | tail -n 6
   done
   tar -C $W --exclude=adapters -cJf "$OUT/gpuwork.tar.xz" . && ls -la "$OUT" ;;
