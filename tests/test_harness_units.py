@@ -346,8 +346,11 @@ def test_an_explicit_kv_cache_makes_a_memory_limited_workload_set(tmp_path):
     saved = json.loads((tmp_path / "kv" / "workloads.json").read_text())
     assert saved["kv_cache"] == {"bytes": 2 << 30, "tokens": 16384}  # 128 KiB a token (32 layers, 8 KV heads)
     assert {(c.a_max, c.max_lora_rank) for c in cases} == {(8, 32)}
-    argv = v.engine_config(8, 32).argv(1)
-    assert argv[argv.index("--kv-cache-memory-bytes") + 1] == str(2 << 30)
+    # the engines get the flag (a tiny model: engine_config writes its adapter pool)
+    tiny = synth.write_model(tmp_path / "m", synth.ModelShape(), weights=False)
+    argv = Validator(load_profile("cpu-2core-tiny-llama"), str(tiny), tmp_path / "t",
+                     kv_cache_bytes=3 << 20).engine_config(8, 16).argv(1)
+    assert argv[argv.index("--kv-cache-memory-bytes") + 1] == str(3 << 20)
     small = v.sized_profile()
     assert small.kv.tokens_for(8, 32) == small.kv.tokens_for(256, 16) == 16384
 
