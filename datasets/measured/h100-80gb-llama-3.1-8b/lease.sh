@@ -69,6 +69,8 @@ job)
       --engines "${ENGINES:-2}" --deadline $deadline --work-dir $W/validation --out-dir $W/validation-out
     rc=$?
     if [ $rc = 0 ] && [ "${KV_CASES:-4}" -gt 0 ]; then  # then workloads limited by KV memory, on one engine
+      # the same synthetic adapters (names and seeds): about a minute of writing them spared
+      [ -e $W/validation-kv/adapters ] || { mkdir -p $W/validation-kv $W/validation/adapters && ln -s $W/validation/adapters $W/validation-kv/adapters; }
       python3 -m planner.cli validate --profile $W/h100-80gb-llama-3.1-8b.json --cases "${KV_CASES:-4}" \
         --engines 1 --seed 2025 --kv-cache-memory-bytes "${KV_BYTES:-2147483648}" --deadline $deadline \
         --work-dir $W/validation-kv --out-dir $W/validation-kv-out
