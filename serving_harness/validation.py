@@ -24,6 +24,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +155,7 @@ class Validator:
     # are limited by KV memory (preemptions); the twin runs with the same KV. None: the profile's engine.
     kv_cache_bytes: int | None = None
 
+    @cached_property
     def kv_cache(self) -> dict | None:
         """The explicit KV cache of this work dir's engines: its bytes and the tokens they hold (whole blocks of
         the model's KV bytes per token); None without ``kv_cache_bytes``."""
@@ -169,7 +171,7 @@ class Validator:
 
     def sized_profile(self) -> Profile:
         """The profile the workloads are sized with: with the explicit KV cache where one is set."""
-        kv = self.kv_cache()
+        kv = self.kv_cache
         return self.profile if kv is None else self.profile.with_kv_tokens(kv["tokens"], kv["bytes"])
 
     def _adapter_pool(self, max_rank: int) -> dict[str, str]:
@@ -200,7 +202,7 @@ class Validator:
     def workload_set(self, n: int, seed: int) -> list[ValidationCase]:
         """This work dir's workloads: drawn once (sized with the profile of that time), reused on reruns."""
         path = self.work_dir / "workloads.json"
-        kv = self.kv_cache()
+        kv = self.kv_cache
         if path.is_file():
             saved = stored_workloads(self.work_dir)
             if (saved["count"], saved["seed"], saved.get("engines", 0), saved.get("kv_cache")) != (
