@@ -31,6 +31,7 @@ from typing import Any
 import numba
 import numpy as np
 
+from models.edge import load_edge
 from models.features import ARRIVING, FEATURES, N_FEATURES, SATURATION, engine_terms, fill_features, throughput_base
 from models.packed_cache import load_packed, store_packed
 from models.scenario import GpuScenario, Predictions
@@ -125,6 +126,11 @@ def _rebuild_hint(profile: Profile, policy: PolicySpec | None) -> tuple[str, str
     return train, f"rebuild it with `{train}`, or plan with --predictor twin (exact, slower)"
 
 
+def _edge_rebuild_hint(profile: Profile) -> str:
+    return (f"rebuild it with `planner train-edge --profile {profile.profile_id}`, or remove edge.npz and edge.json "
+            "to plan without it")
+
+
 def client_cap(dataset_files: list[dict[str, Any]]) -> int:
     """The largest cap on requests in flight the twin's client had in the datasets described by
     ``dataset_files`` (their build metadata; 0: none, as in production)."""
@@ -202,11 +208,12 @@ class SurrogatePredictor:
     evaluates batches of at least ``2 × models.trees.PARALLEL_BLOCK_ROWS`` rows in parallel; the
     answers do not depend on it. The default is the calling thread only: the packer's batches are
     small, and on a machine whose cores are busy (parallel planner jobs) waiting for a descheduled
-    thread makes a parallel batch slower than a serial one.
+    thread makes a parallel batch slower than a serial one. ``edge``: load the edge classifier beside the
+    forests where one ships (:mod:`models.edge`; the full forests only).
     """
 
     def __init__(self, profile: Profile, kind: str = "surrogate", directory: str | Path | None = None,
-                 policy: PolicySpec | None = None, threads: int | None = 1):
+                 policy: PolicySpec | None = None, threads: int | None = 1, edge: bool = True):
         if kind not in KINDS:
             raise BadInputError(f"unknown surrogate kind '{kind}' ({', '.join(KINDS)})")
         if threads is not None and threads < 1:
@@ -231,6 +238,9 @@ class SurrogatePredictor:
         #: latency one (log10 p99 TTFT, ms) is None for an artifact trained without the target
         self.throughput_forest, self.starved_forest = packed[names[0]], packed[names[1]]
         self.ttft_forest = packed.get(ttft_name)
+        #: the edge classifier beside the forests (models.edge; the full forests' only), None where none ships
+        self.edge = None if kind != "surrogate" or not edge else load_edge(
+            d, self.metadata["arrays_sha256"], simulation_hash(profile, policy), _edge_rebuild_hint(profile))
         self._kv: dict[tuple[int, int], int | None] = {}
         self.terms = engine_terms(profile)  #: the profile numbers the features use
         self._x = np.empty(N_FEATURES)
@@ -267,7 +277,8 @@ class SurrogatePredictor:
         proba = self.starved_forest.predict_raw(X, threads)
         base = np.minimum(X[:, ARRIVING], X[:, SATURATION])
         ttft = None if self.ttft_forest is None else 10.0 ** self.ttft_forest.predict_raw(X, threads)[:, 0]
-        return Predictions(ratio * base, proba[:, 1] > proba[:, 0], X[:, ARRIVING].copy(), ttft)
+        edge = None if self.edge is None else self.edge.passes(X)
+        return Predictions(ratio * base, proba[:, 1] > proba[:, 0], X[:, ARRIVING].copy(), ttft, passes_edge=edge)
 
     def _rank(self, sc: GpuScenario) -> int:
         need = int(sc.ranks.max())
@@ -279,7 +290,7 @@ class SurrogatePredictor:
 
     def predict(self, scenarios: Sequence[GpuScenario]) -> Predictions:
         n = len(scenarios)
-        if n > 4 or self.ttft_forest is not None:
+        if n > 4 or self.ttft_forest is not None or self.edge is not None:
             return self.predict_features(self.features(scenarios))
         # Few scenarios (the packer's case): one compiled call per scenario, no batch arrays.
         thr, starved, arriving = np.empty(n), np.empty(n, bool), np.empty(n)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import shlex
 import sys
+from pathlib import Path
 
 import click
+import numpy as np
 
 from models import DEFAULT_KERNEL_ROWS
 from planner.cli_common import policy_from_cli, policy_options, print_json, user_errors
@@ -148,3 +150,111 @@ def train(datasets, profile_id, policy, policy_params, out, search, models, jobs
         print_json(meta)
         return
     click.echo(f"wrote {out_dir} ({meta['arrays_bytes'] / 1e6:.2f} MB of arrays)")
+
+
+EPILOG_EDGE = """\b
+Examples:
+  planner train-edge --profile h100-64gb-llama-3.1-8b --jobs 2
+      # -> datasets/<profile>/judged-gpus.{npz,json}, artifacts/surrogates/<profile>/edge.{npz,json}
+  planner train-edge --profile h100-64gb-llama-3.1-8b --sizes 2000 --seeds 10 --out /tmp/edge --data /tmp/edge
+A judged set made from the same inputs (profile, surrogate, bar, families, sizes, seeds) is reused.
+"""
+
+
+def _ints(text: str, what: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise click.BadParameter(f"a comma-separated list of integers, got {text!r}", param_hint=what) from None
+    if not values:
+        raise click.BadParameter("give at least one", param_hint=what)
+    return values
+
+
+@click.command("train-edge", epilog=EPILOG_EDGE)
+@click.option("--profile", "profile_id", required=True, help="Profile id or JSON path (its surrogate must ship).")
+@click.option("--families", default=None, help="Comma-separated workload families [every one of twin.families].")
+@click.option("--sizes", default=None, help="Adapters per workload, comma-separated [2000,10000].")
+@click.option("--seeds", default=None, help="Workload seeds, comma-separated [10,11,12,13,14: none a benchmark uses].")
+@click.option("--rate-scale", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
+              help="Multiply the families' H100-scale rates (for a profile of another speed).")
+@click.option("--data", type=click.Path(file_okay=False), default=None,
+              help="Directory of the judged-GPU set [datasets/<profile-id>/].")
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="Directory of edge.npz + edge.json [the surrogate's, artifacts/surrogates/<profile-id>/].")
+@click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True, help="Twin worker processes.")
+@click.option("--json", "as_json", is_flag=True, help="Print the edge classifier's metadata as JSON.")
+@user_errors
+def train_edge(profile_id, families, sizes, seeds, rate_scale, data, out, jobs, as_json) -> None:
+    """Teach the packer where a GPU passes its twin judging run.
+
+    Plans random fleet workloads as `planner plan` does by default, keeps every GPU the twin judged (its
+    features at the load the packer asks about, and the verdict), and fits a forest of the verdict: the
+    edge classifier, which `planner plan` and `planner replan` then pack by wherever their SLO is the
+    one it learnt or a stricter one. Collecting takes minutes (2 sizes x 5 seeds x 6 families by default). Needs the
+    'train' extra.
+    """
+    from models.edge import edge_features, evaluate_edge, fit_edge, save_edge
+    from models.surrogate import SurrogatePredictor, simulation_hash, surrogate_dir
+    from models.train import _versions
+    from models.trees import compile_sklearn
+    from planner.judged_gpus import ARRAYS_FILE, DEFAULT_SEEDS, DEFAULT_SIZES, collect_judged, inputs_of, matching_set
+    from planner.placement import file_sha256 as file_digest
+    from planner.plan import PlanOptions
+    from twin import load_profile
+    from twin.families import FAMILIES
+    from twin.profile import artifacts_dir
+
+    profile = load_profile(profile_id)
+    names = tuple(FAMILIES) if families is None else tuple(f.strip() for f in families.split(",") if f.strip())
+    unknown = sorted(set(names) - set(FAMILIES))
+    if unknown or not names:
+        raise click.BadParameter(f"unknown families {unknown}; choose from {', '.join(FAMILIES)}", param_hint="--families")
+    sizes = DEFAULT_SIZES if sizes is None else _ints(sizes, "--sizes")
+    seeds = DEFAULT_SEEDS if seeds is None else _ints(seeds, "--seeds")
+    predictor = SurrogatePredictor(profile, "surrogate", edge=False)
+    data_dir = Path(data) if data else artifacts_dir().parent / "datasets" / profile.profile_id
+    out_dir = Path(out) if out else surrogate_dir(profile.profile_id)
+    log = (lambda _msg: None) if as_json else (lambda msg: click.echo(msg, err=True))
+    inputs = inputs_of(profile, predictor, PlanOptions(jobs=jobs), names, sizes, seeds, rate_scale)
+    judged = matching_set(data_dir, inputs)
+    if judged is None:
+        log(f"planning {len(names) * len(sizes) * len(seeds)} random fleets and judging their GPUs in the twin")
+        judged = collect_judged(profile, predictor, names, sizes, seeds, jobs, rate_scale, progress=log)
+        judged.metadata["command"] = "planner " + shlex.join(sys.argv[1:])
+        judged.save(data_dir)
+        log(f"wrote {data_dir}: {judged.metadata['gpus']} judged GPUs, {judged.metadata['passed']} passed")
+    else:
+        log(f"using {data_dir}: {judged.metadata['gpus']} judged GPUs made from the same inputs")
+    X = edge_features(judged.X)
+    evaluation = evaluate_edge(X, judged.passed, judged.seed, judged.round == 1, jobs)
+    model = fit_edge(X, judged.passed, jobs)
+    forest = compile_sklearn(model)
+    model.set_params(n_jobs=1)  # sums the trees in order, as the compiled forest does
+    if not np.array_equal(forest.predict_raw(X), model.predict_proba(X)):
+        raise AssertionError("the compiled edge forest differs from scikit-learn on the judged GPUs")
+    meta = save_edge(out_dir, forest, {
+        "profile_id": profile.profile_id, "profile_simulation_hash": simulation_hash(profile),
+        "surrogate_arrays_sha256": predictor.metadata["arrays_sha256"], "bar": inputs["bar"], "run": inputs["run"],
+        "judged_set": {"path": _shown(data_dir), "sha256": file_digest(data_dir / ARRAYS_FILE),
+                       **{k: judged.metadata[k] for k in ("gpus", "passed")},
+                       "inputs": {k: inputs[k] for k in ("families", "sizes", "seeds", "rate_scale")}},
+        "evaluation": evaluation, "versions": _versions(), "command": "planner " + shlex.join(sys.argv[1:]),
+    })
+    if as_json:
+        print_json(meta)
+        return
+    first = evaluation["first_packing"]
+    click.echo(f"wrote {out_dir}/edge.npz: held out by seed, AUC {evaluation['auc']:.3f}; of the first packing's GPUs "
+               f"it keeps {first['passed_kept']:.0%} of those that passed and catches {first['failed_caught']:.0%} "
+               "of those that failed")
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the repository when inside it (no machine paths in artifacts)."""
+    from twin.profile import artifacts_dir
+
+    try:
+        return str(path.resolve().relative_to(artifacts_dir().parent.resolve()))
+    except ValueError:
+        return path.name

@@ -121,11 +121,12 @@ def judged(req: PackRequest, groups: list[GpuGroup], run: TwinRun, bar: ServiceB
 
 def pack_confirmed(req: PackRequest, split_hot: bool = True, balance: bool = True, run: TwinRun = DEFAULT_RUN,
                    bar: ServiceBar = DEFAULT_BAR, progress: Progress | None = None, entries: list[Entry] | None = None,
-                   max_gpus: int | None = None) -> tuple[list[GpuGroup], Confirmation]:
+                   max_gpus: int | None = None,
+                   observe: Callable[[list[GpuGroup], TwinCheck], None] | None = None) -> tuple[list[GpuGroup], Confirmation]:
     """Pack ``entries`` (default: every adapter) with :func:`plan_greedy` on at most ``max_gpus`` (default
     ``req.max_gpus``), keep the GPUs the twin passes (``bar``), and pack the adapters of the others again
     with a larger ``req.margin`` (after :data:`SURROGATE_ROUNDS`, with the twin as the predictor) until every
-    GPU passes.
+    GPU passes. ``observe`` is shown each round's GPUs and the twin's verdict on them.
 
     Raises :class:`InfeasibleError` when a repacking needs more GPUs than allowed, or when
     :data:`MAX_ROUNDS` packings still leave a GPU short.
@@ -153,6 +154,8 @@ def pack_confirmed(req: PackRequest, split_hot: bool = True, balance: bool = Tru
             raise exc if rounds == 1 else _repack_failed(exc, repacked, round_req.margin) from None
         twin_packed += len(groups) if by_twin and not own_twin else 0
         check = check_groups(req, groups, run, bar, _counter(progress, f"twin check, round {rounds}"))
+        if observe:
+            observe(groups, check)
         good = check.meets(bar)
         confirmed += [g for g, ok in zip(groups, good) if ok]
         rows += [check.row(k, bar) for k in np.flatnonzero(good)]

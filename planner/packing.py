@@ -50,6 +50,9 @@ class PackRequest:
     # Per adapter: its own latency SLO (the workload's max_ttft_s / max_tpot_ms columns), NaN where none.
     adapter_ttft_s: np.ndarray | None = None
     adapter_tpot_ms: np.ndarray | None = None
+    # Pack a window only where the predictor's edge classifier (models.edge) expects it to pass its judging
+    # run: set where the classifier's bar and run apply to this plan's (planner.plan.pack_request).
+    edge: bool = False
 
     @classmethod
     def build(cls, workload: Workload, profile: Profile, predictor: Predictor, max_gpus: int,
@@ -226,11 +229,14 @@ def keeps_up(req: PackRequest, shares: dict[int, float], a_max: int, max_lora_ra
 
 def passing(req: PackRequest, pred: Predictions, scenarios: list[GpuScenario]) -> np.ndarray:
     """Which predicted scenarios a group may be packed as: not starving, serving ``req.min_ratio`` of the
-    load the predictor saw, and within their latency limits where the predictor predicts latency."""
+    load the predictor saw, within their latency limits where the predictor predicts latency, and where
+    ``req.edge`` let pack by the predictor's edge classifier."""
     ok = ~np.asarray(pred.starved, bool)
     if req.bar is not None:
         ok &= pred.throughput_tok_s >= req.min_ratio * pred.arriving_tok_s
         ok &= pred.meets_latency(scenarios)
+    if req.edge and pred.passes_edge is not None:
+        ok &= pred.passes_edge
     return ok
 
 

@@ -97,13 +97,14 @@ class Placement:
             r = routes[a["adapter_id"]]
             primary = max(r, key=lambda x: x["weight"])["instance_id"] if r else None
             adapters.append({**a, "instance_id": primary, "routes": r})
-        out = {
-            "schema_version": SCHEMA_VERSION, "inputs": self.inputs, "summary": self.summary(),
-            "engine": self.engine, "instances": instances, "adapters": adapters, "router": routes,
-        }
+        out = json_safe({"schema_version": SCHEMA_VERSION, "inputs": self.inputs, "summary": self.summary(),
+                         "engine": self.engine, "instances": instances})
+        # the adapter rows and routes hold plain finite numbers (checked workload values, rounded shares): the
+        # longest lists of a plan are not walked again
+        out.update(adapters=adapters, router=routes)
         if self.changes is not None:
-            out["changes"] = self.changes
-        return json_safe(out)
+            out["changes"] = json_safe(self.changes)
+        return out
 
     def summary(self) -> dict[str, Any]:
         """Totals; ``judged_by`` says whose figures decide ``ok``: the twin's (every GPU judged there) or
@@ -211,7 +212,7 @@ def plan_inputs(workload_path, req: PackRequest, algorithm: str, headroom: float
         },
         "profile_id": req.profile.profile_id,
         **({} if policy is None else {"policy": policy}),
-        "predictor": {"kind": pred.kind, "id": getattr(pred, "artifact_id", None)},
+        "predictor": {"kind": pred.kind, "id": getattr(pred, "artifact_id", None), "edge": req.edge},
         "algorithm": algorithm, "headroom": headroom, "seed": req.seed,
         "planner_version": planner_version(),
         "created_utc": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from models.edge import MIN_PASS_PROBABILITY
 from models.features import ARRIVING, N_FEATURES, N_SUMS, finish_features, scenario_sums, throughput_base
 from models.surrogate import SurrogatePredictor
 from models.trees import forest_row
@@ -67,14 +68,16 @@ class PrefixSearch:
         cv_in2, cv_out2, one_cs2 = req.size_terms
         t, s = pred.throughput_forest, pred.starved_forest
         ttft = pred.ttft_forest if req.bar is not None and pred.ttft_forest is not None else t
+        edge = pred.edge.forest if req.edge and pred.edge is not None else t
         k, a_max = _largest_prefix(
             pred.terms, ranks[pos:], rates[pos:], d_in[pos:], d_out[pos:], self._ttft_limits()[pos:], k_max,
             rank_values, limits, lora_ranks, points, kv,
             1.0 + req.margin, STRESS_FACTOR, float(req.min_ratio), ttft is not t, float(req.size_margin), cv_in2,
-            cv_out2, one_cs2,
+            cv_out2, one_cs2, edge is not t, MIN_PASS_PROBABILITY,
             t.nodes, t.thresholds, t.leaf_row, t.leaf_value, t.roots,
             s.nodes, s.thresholds, s.leaf_row, s.leaf_value, s.roots,
-            ttft.nodes, ttft.thresholds, ttft.leaf_row, ttft.leaf_value, ttft.roots)
+            ttft.nodes, ttft.thresholds, ttft.leaf_row, ttft.leaf_value, ttft.roots,
+            edge.nodes, edge.thresholds, edge.leaf_row, edge.leaf_value, edge.roots)
         return int(k), int(a_max)
 
     def _ttft_limits(self) -> np.ndarray:
@@ -160,15 +163,17 @@ class PrefixSearch:
 @numba.njit(cache=True)
 def _largest_prefix(terms, ranks, rates, input_tokens, output_tokens, ttft_limits, k_max, rank_values, limits,
                     lora_ranks, points, kv, scale, stress, min_ratio, use_ttft, size_margin, cv_in2, cv_out2, one_cs2,
-                    t_nodes, t_thresholds, t_leaf_row, t_leaf_value, t_roots, s_nodes, s_thresholds, s_leaf_row,
-                    s_leaf_value, s_roots, l_nodes, l_thresholds, l_leaf_row, l_leaf_value, l_roots):
+                    use_edge, edge_min, t_nodes, t_thresholds, t_leaf_row, t_leaf_value, t_roots, s_nodes, s_thresholds,
+                    s_leaf_row, s_leaf_value, s_roots, l_nodes, l_thresholds, l_leaf_row, l_leaf_value, l_roots,
+                    e_nodes, e_thresholds, e_leaf_row, e_leaf_value, e_roots):
     """PrefixSearch._search over compiled verdicts: (k, A_max), (0, 0) when the first adapter alone fails.
     ``ttft_limits``: per entry, log10 of its p99 TTFT limit in ms; ``use_ttft``: the ``l_*`` forest predicts it;
     ``scale`` is 1 + the margin and ``stress`` the stress factor on top of it; ``size_margin`` and the size terms:
-    :meth:`PackRequest.aim_scale`."""
+    :meth:`PackRequest.aim_scale`; ``use_edge``: a candidate passes only where the ``e_*`` classifier (the edge
+    model) gives "passes" at least ``edge_min``."""
     buf = np.empty(k_max)
     nominal, stressed = np.empty(N_SUMS), np.empty(N_SUMS)
-    x, x32, out = np.empty(N_FEATURES), np.empty(N_FEATURES, np.float32), np.empty(2)
+    x, x32, out = np.empty(N_FEATURES), np.empty(N_FEATURES + 1, np.float32), np.empty(2)  # x32: EDGE_FEATURES
     need = np.empty(k_max, np.int64)  # row of rank_values holding each prefix's largest rank
     limit = np.empty(k_max)  # each prefix's TTFT limit: the strictest of its entries'
     top_rank = 0
@@ -179,10 +184,10 @@ def _largest_prefix(terms, ranks, rates, input_tokens, output_tokens, ttft_limit
         strictest = min(strictest, ttft_limits[i])
         limit[i] = strictest
     args = (terms, ranks, rates, input_tokens, output_tokens, need, limit, limits, lora_ranks, points, kv, scale,
-            stress, min_ratio, use_ttft, size_margin, cv_in2, cv_out2, one_cs2, buf, nominal, stressed, x, x32, out,
-            t_nodes, t_thresholds, t_leaf_row,
-            t_leaf_value, t_roots, s_nodes, s_thresholds, s_leaf_row, s_leaf_value, s_roots, l_nodes, l_thresholds,
-            l_leaf_row, l_leaf_value, l_roots)
+            stress, min_ratio, use_ttft, size_margin, cv_in2, cv_out2, one_cs2, use_edge, edge_min, buf, nominal,
+            stressed, x, x32, out, t_nodes, t_thresholds, t_leaf_row, t_leaf_value, t_roots, s_nodes, s_thresholds,
+            s_leaf_row, s_leaf_value, s_roots, l_nodes, l_thresholds, l_leaf_row, l_leaf_value, l_roots, e_nodes,
+            e_thresholds, e_leaf_row, e_leaf_value, e_roots)
     a_first = _prefix_verdict(1, *args)
     if a_first == 0:
         return 0, 0
@@ -213,10 +218,10 @@ def _largest_prefix(terms, ranks, rates, input_tokens, output_tokens, ttft_limit
 
 @numba.njit(cache=True)
 def _prefix_verdict(k, terms, ranks, rates, input_tokens, output_tokens, need, ttft_limit, limits, lora_ranks, points,
-                    kv, scale, stress, min_ratio, use_ttft, size_margin, cv_in2, cv_out2, one_cs2, buf, nominal,
-                    stressed, x, x32, out, t_nodes, t_thresholds, t_leaf_row, t_leaf_value, t_roots, s_nodes,
-                    s_thresholds, s_leaf_row, s_leaf_value, s_roots, l_nodes, l_thresholds, l_leaf_row, l_leaf_value,
-                    l_roots):
+                    kv, scale, stress, min_ratio, use_ttft, size_margin, cv_in2, cv_out2, one_cs2, use_edge, edge_min,
+                    buf, nominal, stressed, x, x32, out, t_nodes, t_thresholds, t_leaf_row, t_leaf_value, t_roots,
+                    s_nodes, s_thresholds, s_leaf_row, s_leaf_value, s_roots, l_nodes, l_thresholds, l_leaf_row,
+                    l_leaf_value, l_roots, e_nodes, e_thresholds, e_leaf_row, e_leaf_value, e_roots):
     """``best_a_max`` of the first k adapters: the chosen A_max, 0 if none passes. Candidates as
     ``a_max_candidates``: every profiled point below top = min(k, A_max limit), then top. With a TTFT limit
     and a latency forest, the passing candidate with the lowest p99 TTFT at the stressed load wins, else the
@@ -248,6 +253,11 @@ def _prefix_verdict(k, terms, ranks, rates, input_tokens, output_tokens, need, t
             continue
         if latency and _log_ttft(x32, out, l_nodes, l_thresholds, l_leaf_row, l_leaf_value, l_roots) > lim:
             continue
+        if use_edge:
+            x32[N_FEATURES] = min(1.0, a / x[0])  # models.edge.edge_features
+            forest_row(e_nodes, e_thresholds, e_leaf_row, e_leaf_value, e_roots, x32, out)
+            if out[1] < edge_min:
+                continue
         if not have_stressed:
             for i in range(k):
                 buf[i] = rates[i] * (stress * scale)
@@ -265,7 +275,8 @@ def _prefix_verdict(k, terms, ranks, rates, input_tokens, output_tokens, need, t
 
 @numba.njit(cache=True)
 def _features32(terms, sums, a_max, max_rank, kv, x, x32):
-    """The feature row of a scenario (``x``) and its float32 copy, what the forests read."""
+    """The feature row of a scenario (``x``) and its float32 copy, what the forests read (``x32`` may be longer:
+    the edge classifier's own feature follows)."""
     finish_features(terms, sums, a_max, max_rank, kv, x)
     for f in range(x.shape[0]):
         x32[f] = x[f]

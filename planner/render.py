@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections import Counter
 from pathlib import PurePosixPath
 
 from planner.placement import InstancePlan, Placement
@@ -63,7 +64,8 @@ def render_table(p: Placement) -> str:
     s = p.summary()
     judged = s["judged_by"] == "twin"
     head = (f"{s['adapters']} adapters on {s['gpus']} GPU(s) · profile {p.inputs['profile_id']} · "
-            f"algorithm {p.inputs['algorithm']} · packed with the {p.inputs['predictor']['kind']}")
+            f"algorithm {p.inputs['algorithm']} · packed with the {p.inputs['predictor']['kind']}"
+            f"{' and its edge classifier' if p.inputs['predictor'].get('edge') else ''}")
     if "policy" in p.inputs:
         head += f" · policy {policy_label(p.inputs['policy'])}"
     lines = [head]
@@ -100,7 +102,8 @@ def render_table(p: Placement) -> str:
                                for c, (v, w) in enumerate(zip(r, widths))).rstrip())
         if k == 0:
             lines.append("  ".join("-" * w for w in widths))
-    split = [a for a, r in p.routes().items() if len(r) > 1]
+    replicas = Counter(a for inst in p.instances for a in inst.adapters)
+    split = [a["adapter_id"] for a in p.adapters if replicas[a["adapter_id"]] > 1]
     if split:
         lines.append(f"\n{len(split)} adapter(s) split over replicas (see 'router' in the JSON): {', '.join(split[:5])}")
     lines.append("\n" + _total_line(p, s))

@@ -46,7 +46,7 @@ def test_the_same_workload_with_a_hot_adapter_in_thirds_changes_nothing(tmp_path
     leave a 0.000001 share to place on a fourth GPU."""
     from twin.workload import Adapter
 
-    wl = Workload((Adapter("hot", 8, 75.0), *family_workload("log-uniform", 30, 0).adapters))
+    wl = Workload((Adapter("hot", 8, 66.0), *family_workload("log-uniform", 30, 0).adapters))
     csv, plan = _plan(tmp_path, wl)
     shares = [a["share"] for i in json.loads(plan.read_text())["instances"] for a in i["adapters"]
               if a["adapter_id"] == "hot"]
@@ -164,8 +164,8 @@ def test_a_replan_renders_as_launch_commands(tmp_path):
 
 
 def test_a_gpu_left_with_nothing_is_dropped_not_kept_empty(tmp_path):
-    """A hot adapter split over replicas, each GPU serving one share of it: the next day it is half as busy
-    again, every replica falls short and gives up its one adapter while every other GPU passes. The repair
+    """A hot adapter split over replicas, each GPU serving one share of it: the next day it is twice as busy,
+    every replica falls short and gives up its one adapter while every other GPU passes. The repair
     must drop those emptied GPUs (it once returned early, keeping them empty with their stale failing
     figures, and such a re-plan exited 0 with a GPU that serves nothing)."""
     from models.predictor import load_predictor
@@ -182,7 +182,7 @@ def test_a_gpu_left_with_nothing_is_dropped_not_kept_empty(tmp_path):
     replicas = [i.instance_id for i in previous.instances if list(i.adapters) == ["hot"]]
     assert len(replicas) >= 2
     profile = load_profile()
-    req = pack_request(Workload((Adapter("hot", 8, 75.0), *light)), profile, load_predictor(profile, "surrogate"),
+    req = pack_request(Workload((Adapter("hot", 8, 100.0), *light)), profile, load_predictor(profile, "surrogate"),
                        PlanOptions())
     work = _Replan(previous, req, _Judge(req, DEFAULT_RUN, DEFAULT_BAR, True), ChurnBudget(), True, None)
     work.fix_short()
