@@ -51,7 +51,7 @@ class Predictions:
     itl_ms_mean: np.ndarray | None = None
     ttft_ms_p999_all: np.ndarray | None = None  # from the twin: p99.9 TTFT over every arrival
     within_tail: np.ndarray | None = None  # from a judging run: p99.9 TTFT within its bound (planner.verdict)
-    passes_edge: np.ndarray | None = None  # from a surrogate with an edge classifier (models.edge): let pack
+    passes_edge: np.ndarray | None = None  # from a surrogate's edge classifier (models.edge): the packer may take
 
     def meets_latency(self, scenarios: Sequence[GpuScenario]) -> np.ndarray:
         """Which scenarios are predicted within their latency SLO (true where a figure is not predicted)."""

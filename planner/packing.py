@@ -229,8 +229,8 @@ def keeps_up(req: PackRequest, shares: dict[int, float], a_max: int, max_lora_ra
 
 def passing(req: PackRequest, pred: Predictions, scenarios: list[GpuScenario]) -> np.ndarray:
     """Which predicted scenarios a group may be packed as: not starving, serving ``req.min_ratio`` of the
-    load the predictor saw, within their latency limits where the predictor predicts latency, and where
-    ``req.edge`` let pack by the predictor's edge classifier."""
+    load the predictor saw, within their latency limits where the predictor predicts latency, and, with
+    ``req.edge``, taken by the predictor's edge classifier."""
     ok = ~np.asarray(pred.starved, bool)
     if req.bar is not None:
         ok &= pred.throughput_tok_s >= req.min_ratio * pred.arriving_tok_s

@@ -6,9 +6,12 @@ Answered through ``Predictor.predict``, each question costs ~100 µs of Python, 
 runs in one compiled call that does per question what ``best_a_max`` does: the adapters' feature
 sums once per load (margin-scaled, then stressed), every memory-feasible A_max, the same choice; it
 gives the same plans, bit for bit (tests/test_prefix_search.py). With any other predictor (the
-twin), and for a prefix holding two replicas of one adapter (their shares merge), the search asks
-``best_a_max`` and keeps its answers by (pos, k) while the queue is unchanged, so the balancing
-fills, which restart the search at the same positions, reuse earlier answers.
+twin) the search asks ``best_a_max`` and keeps its answers by (pos, k) while the queue is unchanged, so
+the balancing fills, which restart the search at the same positions, reuse earlier answers.
+
+Neither search takes a window holding one adapter twice: an adapter is in the queue twice only as
+replicas of a hot adapter, each sized to most of what one GPU holds of it, so two never fit one GPU
+(and a window of them would ask about their merged share, which greedy split because it failed).
 """
 
 from __future__ import annotations
@@ -61,7 +64,8 @@ class PrefixSearch:
     def largest(self, pos: int, k_max: int) -> tuple[int, int]:
         """Largest k <= k_max found such that queue[pos:pos+k] passes, and its A_max; (0, 0) if k=1 fails."""
         ranks, rates, d_in, d_out, next_same, _ = self._queue_arrays()
-        if not self.compiled() or next_same[pos:pos + k_max].min() < pos + k_max:
+        k_max = min(k_max, int(next_same[pos:pos + k_max].min()) - pos)  # no window holds an adapter twice
+        if not self.compiled():
             return self._search(pos, k_max)
         req, pred = self.req, self.req.predictor
         rank_values, limits, lora_ranks, points, kv = self._candidate_tables()

@@ -187,8 +187,16 @@ class _Replan:
                 served[i] += s
                 replicas[i] += 1
         # Shares were written rounded: three replicas of a third read back as 0.999999, served in full, not
-        # a 1e-6 share to place on another GPU (a re-plan of the same workload must change nothing).
+        # a 1e-6 share to place on another GPU (a re-plan of the same workload must change nothing), and two
+        # halves as 1.000001, which merged on one GPU would be more than the adapter's traffic: each adapter
+        # served in full gets shares that sum to 1.
         written = replicas * 0.5 * 10.0 ** -SHARE_DECIMALS + _SHARE_EPS
+        whole = (np.abs(served - 1.0) <= written) & (served != 1.0)
+        for slot in self.slots:
+            for i in slot.shares:
+                if whole[i]:
+                    slot.shares[i] /= served[i]
+        served[whole] = 1.0
         self.pending: dict[int, float] = {int(i): float(1.0 - s) for i, s in enumerate(served) if 1.0 - s > written[i]}
         self.moves: dict[int, str] = {}  # adapter index -> why it left its previous GPU
         self.kept_whole: set[_Slot] = set()  # GPUs the others could not absorb: they only fill up meanwhile

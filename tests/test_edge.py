@@ -119,3 +119,10 @@ def test_train_edge_collects_judges_fits_and_reuses(llama, tmp_path):
     assert again.exit_code == 0 and "made from the same inputs" in again.output
     assert json.loads((tmp_path / METADATA_FILE).read_text())["evaluation"] == meta["evaluation"]
     assert SurrogatePredictor(llama, directory=tmp_path).edge is not None
+
+
+@pytest.mark.parametrize(("extra", "edge"), [([], True), (["--objective", "throughput"], False)])
+def test_a_plan_says_whether_it_packed_by_the_edge(extra, edge):
+    res = CliRunner().invoke(main, ["plan", str(ROOT / "datasets/workloads/small-8-adapters.csv"), "--json", *extra])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["inputs"]["predictor"]["edge"] is edge

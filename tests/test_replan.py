@@ -58,6 +58,34 @@ def test_the_same_workload_with_a_hot_adapter_in_thirds_changes_nothing(tmp_path
     assert all(not c["load"] and not c["unload"] for c in ch["instances"])
 
 
+def test_replicas_written_as_slightly_more_than_the_whole_read_back_as_the_whole(tmp_path):
+    """Halves written rounded as 0.500005 and 0.499996 (as a repaired split can be) sum to 1.000001: merged on one
+    GPU they were written as a share above 1, a placement `planner evaluate` refused. Read back, they sum to 1."""
+    from models.predictor import load_predictor
+    from planner.placement import read_placement
+    from planner.plan import PlanOptions, pack_request
+    from planner.replan import ChurnBudget, _Judge, _Replan
+    from planner.verdict import DEFAULT_BAR, DEFAULT_RUN
+    from twin import load_profile
+    from twin.workload import Adapter
+
+    wl = Workload((Adapter("hot", 8, 40.0), *family_workload("log-uniform", 30, 0).adapters))
+    csv, plan = _plan(tmp_path, wl)
+    doc = json.loads(plan.read_text())
+    halves = [a for i in doc["instances"] for a in i["adapters"] if a["adapter_id"] == "hot"]
+    assert len(halves) == 2
+    halves[0]["share"], halves[1]["share"] = 0.500005, 0.499996
+    plan.write_text(json.dumps(doc))
+    profile = load_profile()
+    req = pack_request(wl, profile, load_predictor(profile, "surrogate"), PlanOptions())
+    work = _Replan(read_placement(plan), req, _Judge(req, DEFAULT_RUN, DEFAULT_BAR, True), ChurnBudget(), True, None)
+    shares = [s.shares[0] for s in work.slots if 0 in s.shares]
+    assert abs(sum(shares) - 1.0) < 1e-12 and not work.pending
+    res = _run("replan", csv, "--previous", plan, "--out", tmp_path / "again.json")
+    assert res.exit_code == 0, res.output
+    assert _run("evaluate", tmp_path / "again.json", csv).exit_code == 0
+
+
 def test_a_busier_day_is_repaired_and_every_move_and_restart_says_why(tmp_path):
     """10 % of the adapters three times as busy, 5 % gone, 5 % new."""
     wl = family_workload("log-uniform", 400, 3)
