@@ -39,6 +39,7 @@ import numpy as np
 
 from models import DEFAULT_KERNEL_ROWS
 from models.dataset import read_dataset
+from models.edge import edge_features, evaluate_edge, fit_edge
 from models.features import ARRIVING, N_FEATURES, SATURATION, engine_terms, fill_features, throughput_base
 from models.metrics import macro_f1, smape
 from models.surrogate import (
@@ -49,7 +50,7 @@ from models.surrogate import (
     simulation_hash,
     surrogate_dir,
 )
-from models.trees import compile_sklearn, count_rules
+from models.trees import FlatForest, compile_sklearn, count_rules
 from twin.atomic import write_json_atomic
 from twin.errors import BadInputError
 from twin.policies.spec import PolicySpec, policy_record
@@ -251,8 +252,24 @@ def _regimes(pred_thr, real_thr, real_starved) -> dict[str, float]:
 
 def _assert_identical(name: str, compiled: np.ndarray, reference: np.ndarray) -> None:
     if not np.array_equal(compiled, reference):
-        raise AssertionError(f"compiled {name} differs from scikit-learn on held-out rows "
+        raise AssertionError(f"compiled {name} differs from scikit-learn on the rows checked "
                              f"(max |diff| {np.max(np.abs(compiled - reference))})")
+
+
+def train_edge(X: np.ndarray, passed: np.ndarray, seed: np.ndarray, first_round: np.ndarray,
+               jobs: int = 1) -> tuple[FlatForest, dict[str, Any]]:
+    """The edge classifier (:mod:`models.edge`) of judged GPUs: ``X`` their ``FEATURES`` at the packer's aim,
+    ``passed`` the verdicts, ``seed`` each GPU's workload seed (held out in turn to evaluate it), ``first_round``
+    the GPUs of first packings. Returns the compiled forest, checked identical to scikit-learn on every judged
+    GPU, and what its metadata records of the training (``evaluation``, ``versions``)."""
+    _sk()
+    Xe = edge_features(X)
+    evaluation = evaluate_edge(Xe, passed, seed, first_round, jobs)
+    model = fit_edge(Xe, passed, jobs)
+    forest = compile_sklearn(model)
+    model.set_params(n_jobs=1)  # sums the trees in order, as the compiled forest does
+    _assert_identical("edge classifier", forest.predict_raw(Xe), model.predict_proba(Xe))
+    return forest, {"evaluation": evaluation, "versions": _versions()}
 
 
 def train_surrogates(dataset_paths, profile, out_dir, *, search: str = "reduced", models=("rf", "svm", "knn"),

@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import click
-import numpy as np
 
 from models import DEFAULT_KERNEL_ROWS
 from planner.cli_common import policy_from_cli, policy_options, print_json, user_errors
@@ -194,14 +193,14 @@ def train_edge(profile_id, families, sizes, seeds, rate_scale, data, out, jobs, 
     one it learnt or a stricter one. Collecting takes minutes (2 sizes x 5 seeds x 6 families by default). Needs the
     'train' extra.
     """
-    from models.edge import edge_features, evaluate_edge, fit_edge, save_edge
-    from models.surrogate import SurrogatePredictor, simulation_hash, surrogate_dir
-    from models.train import _versions
-    from models.trees import compile_sklearn
+    from models.edge import save_edge
+    from models.surrogate import SurrogatePredictor, surrogate_dir
+    from models.train import train_edge
     from planner.judged_gpus import ARRAYS_FILE, DEFAULT_SEEDS, DEFAULT_SIZES, collect_judged, inputs_of, matching_set
-    from planner.placement import file_sha256 as file_digest
+    from planner.placement import file_sha256
     from planner.plan import PlanOptions
     from twin import load_profile
+    from twin.atomic import recorded_path
     from twin.families import FAMILIES
     from twin.profile import artifacts_dir
 
@@ -216,45 +215,31 @@ def train_edge(profile_id, families, sizes, seeds, rate_scale, data, out, jobs, 
     data_dir = Path(data) if data else artifacts_dir().parent / "datasets" / profile.profile_id
     out_dir = Path(out) if out else surrogate_dir(profile.profile_id)
     log = (lambda _msg: None) if as_json else (lambda msg: click.echo(msg, err=True))
+    command = "planner " + shlex.join(sys.argv[1:])
     inputs = inputs_of(profile, predictor, PlanOptions(jobs=jobs), names, sizes, seeds, rate_scale)
     judged = matching_set(data_dir, inputs)
     if judged is None:
         log(f"planning {len(names) * len(sizes) * len(seeds)} random fleets and judging their GPUs in the twin")
         judged = collect_judged(profile, predictor, names, sizes, seeds, jobs, rate_scale, progress=log)
-        judged.metadata["command"] = "planner " + shlex.join(sys.argv[1:])
+        judged.metadata["command"] = command
         judged.save(data_dir)
         log(f"wrote {data_dir}: {judged.metadata['gpus']} judged GPUs, {judged.metadata['passed']} passed")
     else:
         log(f"using {data_dir}: {judged.metadata['gpus']} judged GPUs made from the same inputs")
-    X = edge_features(judged.X)
-    evaluation = evaluate_edge(X, judged.passed, judged.seed, judged.round == 1, jobs)
-    model = fit_edge(X, judged.passed, jobs)
-    forest = compile_sklearn(model)
-    model.set_params(n_jobs=1)  # sums the trees in order, as the compiled forest does
-    if not np.array_equal(forest.predict_raw(X), model.predict_proba(X)):
-        raise AssertionError("the compiled edge forest differs from scikit-learn on the judged GPUs")
+    forest, trained = train_edge(judged.X, judged.passed, judged.seed, judged.round == 1, jobs)
     meta = save_edge(out_dir, forest, {
-        "profile_id": profile.profile_id, "profile_simulation_hash": simulation_hash(profile),
-        "surrogate_arrays_sha256": predictor.metadata["arrays_sha256"], "bar": inputs["bar"], "run": inputs["run"],
-        "judged_set": {"path": _shown(data_dir), "sha256": file_digest(data_dir / ARRAYS_FILE),
+        **{k: inputs[k] for k in ("profile_id", "profile_simulation_hash", "surrogate_arrays_sha256", "bar", "run")},
+        "judged_set": {"path": recorded_path(data_dir, artifacts_dir().parent),
+                       "sha256": file_sha256(data_dir / ARRAYS_FILE),
                        **{k: judged.metadata[k] for k in ("gpus", "passed")},
                        "inputs": {k: inputs[k] for k in ("families", "sizes", "seeds", "rate_scale")}},
-        "evaluation": evaluation, "versions": _versions(), "command": "planner " + shlex.join(sys.argv[1:]),
+        **trained, "command": command,
     })
     if as_json:
         print_json(meta)
         return
-    first = evaluation["first_packing"]
-    click.echo(f"wrote {out_dir}/edge.npz: held out by seed, AUC {evaluation['auc']:.3f}; of the first packing's GPUs "
+    first = trained["evaluation"]["first_packing"]
+    click.echo(f"wrote {out_dir}/edge.npz: held out by seed, AUC {trained['evaluation']['auc']:.3f}; of the first packing's GPUs "
                f"it keeps {first['passed_kept']:.0%} of those that passed and catches {first['failed_caught']:.0%} "
                "of those that failed")
 
-
-def _shown(path: Path) -> str:
-    """``path`` relative to the repository when inside it (no machine paths in artifacts)."""
-    from twin.profile import artifacts_dir
-
-    try:
-        return str(path.resolve().relative_to(artifacts_dir().parent.resolve()))
-    except ValueError:
-        return path.name

@@ -47,7 +47,7 @@ DEFAULT_SEEDS = (10, 11, 12, 13, 14)
 class JudgedSet:
     X: np.ndarray  # float64 (GPUs, FEATURES) at the first packing's aim
     passed: np.ndarray  # bool: the twin's verdict
-    family: np.ndarray  # int: index into metadata["families"]
+    family: np.ndarray  # int: index into metadata["inputs"]["families"]
     adapters: np.ndarray  # int: the workload's size
     seed: np.ndarray  # int: the workload's seed
     round: np.ndarray  # int: the packing round that packed the GPU (1: the first)
