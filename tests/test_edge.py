@@ -28,6 +28,7 @@ from twin.families import family_workload
 
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA = "h100-64gb-llama-3.1-8b"
+QWEN = "h100-64gb-qwen2.5-7b"
 
 
 @pytest.fixture(scope="module")
@@ -89,14 +90,15 @@ def test_a_stale_edge_classifier_is_refused(llama, tmp_path):
     assert SurrogatePredictor(llama, directory=tmp_path).edge is None  # none: the forests alone
 
 
-def test_the_shipped_edge_classifier_refits_from_the_shipped_judged_gpus():
+@pytest.mark.parametrize("profile_id", [LLAMA, QWEN])
+def test_the_shipped_edge_classifier_refits_from_the_shipped_judged_gpus(profile_id):
     """Its recorded judged set is the shipped one, byte for byte, and fitting on it gives the same trees."""
-    meta = json.loads((surrogate_dir(LLAMA) / METADATA_FILE).read_text())
+    meta = json.loads((surrogate_dir(profile_id) / METADATA_FILE).read_text())
     data = ROOT / meta["judged_set"]["path"]
     assert hashlib.sha256((data / "judged-gpus.npz").read_bytes()).hexdigest() == meta["judged_set"]["sha256"]
     judged = JudgedSet.load(data)
     fresh = compile_sklearn(fit_edge(edge_features(judged.X), judged.passed, jobs=2))
-    with np.load(surrogate_dir(LLAMA) / ARRAYS_FILE) as z:
+    with np.load(surrogate_dir(profile_id) / ARRAYS_FILE) as z:
         shipped = FlatForest.from_arrays({k: z[k] for k in z.files}, "edge.", classifier=True)
     for key, arr in fresh.arrays("").items():
         assert np.array_equal(arr, shipped.arrays("")[key]), key
