@@ -465,8 +465,9 @@ class Dataset:
     scenario_id: np.ndarray
     metadata: dict[str, Any]
     sha256: str
-    #: p99 TTFT over every arrival (SimResult.ttft_ms_p99_all); NaN in rows of schema-1 files
+    #: p99 TTFT over every arrival (SimResult.ttft_ms_p99_all) and p99 TPOT; NaN in rows of schema-1 files
     ttft_ms_p99_all: np.ndarray | None = None
+    tpot_ms_p99: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.X.shape[0])
@@ -535,12 +536,12 @@ def read_dataset(paths: Iterable[str | Path], profile: Profile, policy: PolicySp
     return Dataset(X, target("throughput_tok_s", np.float64), target("arriving_tok_s", np.float64),
                    target("starved", bool), np.asarray(cols["scenario_id"], np.int64),
                    {"profile_id": profile.profile_id, "profile_hash": metas[0]["profile_hash"], "files": metas},
-                   digest.hexdigest(), target("ttft_ms_p99_all", np.float64))
+                   digest.hexdigest(), target("ttft_ms_p99_all", np.float64), target("tpot_ms_p99", np.float64))
 
 
 _SPEC_COLUMNS = ("scenario_id", "served_adapters", "a_max", "max_lora_rank", "ranks", "rates_rps", "input_tokens",
                  "output_tokens", "kv_tokens")
 _LENGTH_COLUMNS = ("adapter_input_tokens", "adapter_output_tokens")
-_TARGET_COLUMNS = ("memory_error", "throughput_tok_s", "arriving_tok_s", "starved", "ttft_ms_p99_all",
+_TARGET_COLUMNS = ("memory_error", "throughput_tok_s", "arriving_tok_s", "starved", "ttft_ms_p99_all", "tpot_ms_p99",
                    *_LENGTH_COLUMNS)
-_SINCE_SCHEMA_2 = ("ttft_ms_p99_all", *_LENGTH_COLUMNS)
+_SINCE_SCHEMA_2 = ("ttft_ms_p99_all", "tpot_ms_p99", *_LENGTH_COLUMNS)

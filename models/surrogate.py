@@ -46,8 +46,8 @@ ARTIFACT_SCHEMA_VERSION = 1
 ARRAYS_FILE = "surrogate.npz"
 METADATA_FILE = "surrogate.json"
 FOREST_NAMES = ("full_throughput", "full_starved", "small_throughput", "small_starved")
-#: The latency forests (log10 p99 TTFT): in artifacts trained on datasets that have the target.
-LATENCY_FORESTS = ("full_ttft", "small_ttft")
+#: The latency forests (log10 p99 TTFT and TPOT): in artifacts trained on datasets that have the targets.
+LATENCY_FORESTS = ("full_ttft", "small_ttft", "full_tpot", "small_tpot")
 KINDS = {"surrogate": "full", "small-tree": "small"}
 
 
@@ -226,18 +226,17 @@ class SurrogatePredictor:
         d = artifact_dir(profile, directory, policy)
         self.metadata = artifact_metadata(profile, d, policy)
         names = (f"{KINDS[kind]}_throughput", f"{KINDS[kind]}_starved")
-        ttft_name = f"{KINDS[kind]}_ttft"
-        if ttft_name in self.metadata.get("compiled", {}):
-            names += (ttft_name,)
+        ttft_name, tpot_name = f"{KINDS[kind]}_ttft", f"{KINDS[kind]}_tpot"
+        names += tuple(n for n in (ttft_name, tpot_name) if n in self.metadata.get("compiled", {}))
         packed = load_packed(self.metadata["arrays_sha256"], names)  # only the ones this predictor evaluates
         if packed is None:
             forests = _read_forests(d, self.metadata, _rebuild_hint(profile, policy)[1])
             packed = {name: forest.packed for name, forest in forests.items()}
             store_packed(self.metadata["arrays_sha256"], packed)
         #: the forests this predictor evaluates, in the evaluation layout (models.trees.PackedForest); the
-        #: latency one (log10 p99 TTFT, ms) is None for an artifact trained without the target
+        #: latency ones (log10 p99 TTFT and TPOT, ms) are None for an artifact trained without the target
         self.throughput_forest, self.starved_forest = packed[names[0]], packed[names[1]]
-        self.ttft_forest = packed.get(ttft_name)
+        self.ttft_forest, self.tpot_forest = packed.get(ttft_name), packed.get(tpot_name)
         #: the edge classifier beside the forests (models.edge; the full forests' only), None where none ships
         self.edge = None if kind != "surrogate" or not edge else load_edge(
             d, self.metadata["arrays_sha256"], simulation_hash(profile, policy), _edge_rebuild_hint(profile))
@@ -277,8 +276,10 @@ class SurrogatePredictor:
         proba = self.starved_forest.predict_raw(X, threads)
         base = np.minimum(X[:, ARRIVING], X[:, SATURATION])
         ttft = None if self.ttft_forest is None else 10.0 ** self.ttft_forest.predict_raw(X, threads)[:, 0]
+        tpot = None if self.tpot_forest is None else 10.0 ** self.tpot_forest.predict_raw(X, threads)[:, 0]
         edge = None if self.edge is None else self.edge.passes(X)
-        return Predictions(ratio * base, proba[:, 1] > proba[:, 0], X[:, ARRIVING].copy(), ttft, passes_edge=edge)
+        return Predictions(ratio * base, proba[:, 1] > proba[:, 0], X[:, ARRIVING].copy(), ttft, tpot,
+                           passes_edge=edge)
 
     def _rank(self, sc: GpuScenario) -> int:
         need = int(sc.ranks.max())
@@ -290,7 +291,7 @@ class SurrogatePredictor:
 
     def predict(self, scenarios: Sequence[GpuScenario]) -> Predictions:
         n = len(scenarios)
-        if n > 4 or self.ttft_forest is not None or self.edge is not None:
+        if n > 4 or self.ttft_forest is not None or self.tpot_forest is not None or self.edge is not None:
             return self.predict_features(self.features(scenarios))
         # Few scenarios (the packer's case): one compiled call per scenario, no batch arrays.
         thr, starved, arriving = np.empty(n), np.empty(n, bool), np.empty(n)

@@ -9,6 +9,8 @@ Targets:
 * **starved** — classified directly (macro-F1).
 * **ttft** — log10 of the p99 time to first token over every arrival (ms), for the latency SLO;
   scored by mean absolute error in log10 units and by agreement with the twin on meeting a limit.
+* **tpot** — log10 of the p99 time per output token (ms), scored the same way: what a TPOT limit tighter
+  than the default needs (:func:`planner.packing.aim_tpot_limit`).
 
 Models: the forest that ships (``rf``), SVM and KNN, each tuned with ``HalvingGridSearchCV``
 (5-fold, seeded) over either a reduced, faster space (``search="reduced"``, the default) or the
@@ -57,8 +59,8 @@ from twin.policies.spec import PolicySpec, policy_record
 
 MAX_RULES = 32
 SEED = 0
-#: p99 TTFT limits the latency surrogate's agreement with the twin is reported at (s).
-TTFT_LIMITS_S = (0.5, 2.0, 10.0)
+#: The limits each latency forest's agreement with the twin is reported at: p99 TTFT (s), p99 TPOT (ms).
+SLO_LIMITS = {"ttft": (0.5, 2.0, 10.0), "tpot": (50.0, 100.0, 200.0)}
 #: The shipped forests of the reduced search: (scikit-learn estimator, trees) per task.
 SHIPPED_FOREST = {"regression": ("ExtraTreesRegressor", 16), "classification": ("RandomForestClassifier", 8)}
 
@@ -320,11 +322,12 @@ def train_surrogates(dataset_paths, profile, out_dir, *, search: str = "reduced"
                           float(profile.kv.tokens_for(sc.a_max, sc.max_lora_rank)), real_X[i])
 
     tasks = {"throughput": ("regression", X, y_frac), "starved": ("classification", X, y_starved)}
-    log_ttft = np.log10(np.maximum(ds.ttft_ms_p99_all[usable], 1.0))
-    timed = np.isfinite(log_ttft)
-    if timed.sum() >= 50:  # rows of schema-2 datasets: the latency SLO's target
-        tasks["ttft"] = ("log-regression", X[timed], log_ttft[timed])
-        log(f"  {int(timed.sum())} of them with p99 TTFT (the latency surrogate's rows)")
+    for target, values in (("ttft", ds.ttft_ms_p99_all), ("tpot", ds.tpot_ms_p99)):
+        logged = np.log10(np.maximum(values[usable], 1.0))
+        timed = np.isfinite(logged)
+        if timed.sum() >= 50:  # rows of schema-2 datasets: the latency SLO's targets
+            tasks[target] = ("log-regression", X[timed], logged[timed])
+            log(f"  {int(timed.sum())} of them with p99 {target.upper()} (the {target} forest's rows)")
     results: dict[str, Any] = {}
     best_rf: dict[str, Any] = {}
     small: dict[str, Any] = {}
@@ -342,7 +345,7 @@ def train_surrogates(dataset_paths, profile, out_dir, *, search: str = "reduced"
             entry["estimator"] = type(r["estimator"]).__name__
             entry["sklearn_us_per_row"] = us
             entry["train_rows"] = int(X_fit.shape[0])
-            entry.update(_evaluate(task, pred, sp, real_X, real_runs, r["estimator"]))
+            entry.update(_evaluate(target, task, pred, sp, real_X, real_runs, r["estimator"]))
             results[target][name] = entry
             log(f"  {target:10} {name:4} cv {entry['cv_score']:.4f} held-out {entry['held_out']:.4f}"
                 + (f" real {entry['real']['score']:.4f}" if "real" in entry else "")
@@ -352,7 +355,7 @@ def train_surrogates(dataset_paths, profile, out_dir, *, search: str = "reduced"
         d = distil(task, sp.X_train, sp.y_train, trials, penalty, jobs)
         pred = d["estimator"].predict(sp.X_test)
         entry = {k: v for k, v in d.items() if k != "estimator"}
-        entry.update(_evaluate(task, pred, sp, real_X, real_runs, d["estimator"]))
+        entry.update(_evaluate(target, task, pred, sp, real_X, real_runs, d["estimator"]))
         results[target]["small_tree"] = entry
         small[target] = d["estimator"]
         log(f"  {target:10} small tree {entry['rules']} rules, held-out {entry['held_out']:.4f}"
@@ -374,6 +377,8 @@ def train_surrogates(dataset_paths, profile, out_dir, *, search: str = "reduced"
         "throughput_target": "throughput_tok_s / min(arriving_tok_s measured in the twin's run, saturation_tok_s "
                              "feature); predicted throughput = target x min(nominal arriving_tok_s, saturation_tok_s)",
         "ttft_target": "log10 of p99 TTFT over every arrival in ms (SimResult.ttft_ms_p99_all), at least 1 ms",
+        **({"tpot_target": "log10 of p99 TPOT over finished requests in ms (SimResult.tpot_ms_p99), at least 1 ms"}
+           if "tpot" in tasks else {}),
         "smape": "standard: 100*mean(2|p-r|/(|p|+|r|))",
         "dataset": {"sha256": ds.sha256, "rows": int(X.shape[0]), "profile_hash": ds.metadata["profile_hash"],
                     "files": [{k: f.get(k) for k in ("rows", "grid_scenarios", "complete", "grid")}
@@ -390,7 +395,7 @@ def train_surrogates(dataset_paths, profile, out_dir, *, search: str = "reduced"
     meta = save_artifact(out_dir, forests, meta)
     if real_runs is not None:  # the shipped predictors, end to end from GpuScenario
         for kind in ("surrogate", "small-tree"):
-            p = SurrogatePredictor(profile, kind, out_dir).predict(real_runs.scenarios)
+            p = SurrogatePredictor(profile, kind, out_dir, edge=False).predict(real_runs.scenarios)
             meta.setdefault("real_runs_predictor", {})[kind] = {
                 **_regimes(p.throughput_tok_s, real_runs.throughput, real_runs.starved),
                 "starved_macro_f1": macro_f1(p.starved, real_runs.starved)}
@@ -398,12 +403,13 @@ def train_surrogates(dataset_paths, profile, out_dir, *, search: str = "reduced"
     return meta
 
 
-def _evaluate(task, pred, sp: Split, real_X, real_runs, estimator) -> dict[str, Any]:
+def _evaluate(target, task, pred, sp: Split, real_X, real_runs, estimator) -> dict[str, Any]:
     out: dict[str, Any] = {"held_out": score(task, pred, sp.y_test)}
-    if task == "log-regression":  # how often it sides with the twin on meeting a p99 TTFT limit
-        out["slo_agreement"] = {f"{limit:g}s": float(np.mean((pred <= np.log10(limit * 1000))
-                                                            == (sp.y_test <= np.log10(limit * 1000))))
-                                for limit in TTFT_LIMITS_S}
+    if task == "log-regression":  # how often it sides with the twin on meeting a limit
+        unit, to_ms = ("s", 1000.0) if target == "ttft" else ("ms", 1.0)
+        out["slo_agreement"] = {f"{limit:g}{unit}": float(np.mean((pred <= np.log10(limit * to_ms))
+                                                                 == (sp.y_test <= np.log10(limit * to_ms))))
+                                for limit in SLO_LIMITS[target]}
         return out
     if real_X is not None:
         rp = estimator.predict(real_X)

@@ -177,9 +177,9 @@ def pack_confirmed(req: PackRequest, split_hot: bool = True, balance: bool = Tru
 def twin_packer(req: PackRequest, run: TwinRun, bar: ServiceBar) -> PackRequest:
     """``req`` with the judging twin run as its predictor: asked about ``run.load`` x a group's traffic (the
     round's margin, from ``run.load - 1``; the run scales it with request sizes itself), its answers are the
-    verdict's, so no edge classifier second-guesses them."""
+    verdict's, so no edge classifier second-guesses them and its TPOT meets the limits as they are."""
     return replace(req, predictor=run.predictor(req.profile, req.policy, bar.slowdown, bar.min_served), size_margin=0.0,
-                   edge=False)
+                   edge=False, tpot_aim=0.0)
 
 
 def _counter(progress: Progress | None, what: str) -> Callable[[int, int], None] | None:

@@ -9,14 +9,14 @@ serving policy otherwise (``twin.policies.memory``); throughput and starvation c
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import numpy as np
 
 from models.scenario import GpuScenario, Predictions, Predictor
 from models.twin_predictor import default_size_cv2, length_cv2, size_cv2, size_scale
-from planner.verdict import ServiceBar, group_limits
+from planner.verdict import DEFAULT_MAX_TPOT_MS, ServiceBar, group_limits
 from twin.errors import BadInputError, InfeasibleError
 from twin.policies.memory import UnifiedPool, kv_capacity
 from twin.policies.spec import PolicySpec
@@ -53,6 +53,10 @@ class PackRequest:
     # Pack a window only where the predictor's edge classifier (models.edge) expects it to pass its judging
     # run: set where the classifier's bar and run apply to this plan's (planner.plan.pack_request).
     edge: bool = False
+    # > 0: a predictor of the profile's own GPU (the surrogate) is held to TPOT limits tighter than the
+    # default, over this factor, the judging run's slowdown (:func:`aim_tpot_limit`); 0: to the limits as
+    # they are (the twin, which judges on the slowed GPU itself).
+    tpot_aim: float = 0.0
 
     @classmethod
     def build(cls, workload: Workload, profile: Profile, predictor: Predictor, max_gpus: int,
@@ -227,13 +231,28 @@ def keeps_up(req: PackRequest, shares: dict[int, float], a_max: int, max_lora_ra
     return bool(passing(req, req.predictor.predict(scen), scen)[0])
 
 
+def aim_tpot_limit(limit_ms: float, slowdown: float) -> float:
+    """The p99 TPOT a GPU of TPOT limit ``limit_ms`` must be predicted within on the profile's own GPU, at the
+    load the packer asks about (the planned load x the slowdown): the limit over the ``slowdown``, where the
+    limit is tighter than the default; else none (inf).
+
+    A token takes one engine step, whose length is affine in the batch; a GPU s times slower at load L runs
+    steps s times longer than the profile's GPU at load s x L (its batch is the same), so its TPOT is s
+    times the one predicted there. At the default limit the packing rounds and the edge classifier already
+    converge (docs/planning.md), and the default plans stay what they were."""
+    return limit_ms / slowdown if limit_ms < DEFAULT_MAX_TPOT_MS else np.inf
+
+
 def passing(req: PackRequest, pred: Predictions, scenarios: list[GpuScenario]) -> np.ndarray:
     """Which predicted scenarios a group may be packed as: not starving, serving ``req.min_ratio`` of the
-    load the predictor saw, within their latency limits where the predictor predicts latency, and, with
-    ``req.edge``, taken by the predictor's edge classifier."""
+    load the predictor saw, within their latency limits where the predictor predicts latency (TPOT limits
+    as :func:`aim_tpot_limit` says with ``req.tpot_aim``), and, with ``req.edge``, taken by the predictor's
+    edge classifier."""
     ok = ~np.asarray(pred.starved, bool)
     if req.bar is not None:
         ok &= pred.throughput_tok_s >= req.min_ratio * pred.arriving_tok_s
+        if req.tpot_aim > 0:
+            scenarios = [replace(s, max_tpot_ms=aim_tpot_limit(s.max_tpot_ms, req.tpot_aim)) for s in scenarios]
         ok &= pred.meets_latency(scenarios)
     if req.edge and pred.passes_edge is not None:
         ok &= pred.passes_edge

@@ -88,12 +88,13 @@ def pack_request(workload: Workload, profile: Profile, predictor: Predictor, opt
     # twin at the load of the slower one (not also x the judging run's 1.05: the surrogate is cautious there
     # on average, and the GPUs it puts past the edge are repacked; benchmarks/studies/packing_aim.py), times
     # the judging run's scaling for varied request sizes, which a group of mixed lengths is judged with; and
-    # by the predictor's edge classifier where it learnt the verdicts of this bar or a laxer one (models.edge)
+    # by the predictor's edge classifier where it learnt the verdicts of this bar or a laxer one (models.edge);
+    # a TPOT limit tighter than the default is scaled by the slowdown (planner.packing.aim_tpot_limit)
     if predictor.kind == "twin":
         return replace(req, bar=bar, margin=opts.run.load - 1.0)
     edge = getattr(predictor, "edge", None)
     return replace(req, bar=bar, margin=bar.slowdown - 1.0, size_margin=opts.run.size_margin,
-                   edge=edge is not None and edge.applies(bar.to_dict(), opts.run.to_dict()))
+                   edge=edge is not None and edge.applies(bar.to_dict(), opts.run.to_dict()), tpot_aim=bar.slowdown)
 
 
 def _spec(name: str) -> AlgorithmSpec:

@@ -24,7 +24,7 @@ from models.features import ARRIVING, N_FEATURES, N_SUMS, finish_features, scena
 from models.surrogate import SurrogatePredictor
 from models.trees import forest_row
 from models.twin_predictor import size_cv2, size_scale
-from planner.packing import STRESS_FACTOR, GroupVerdict, PackRequest, a_max_limit, best_a_max
+from planner.packing import STRESS_FACTOR, GroupVerdict, PackRequest, a_max_limit, aim_tpot_limit, best_a_max
 
 Entry = tuple[int, float]  # (adapter index, share of its traffic)
 
@@ -45,7 +45,7 @@ class PrefixSearch:
         self.req, self.queue = req, queue
         self._verdicts: dict[tuple[int, int], GroupVerdict] = {}
         self._arrays: tuple[np.ndarray, ...] | None = None
-        self._limits: np.ndarray | None = None
+        self._limits: tuple[np.ndarray, np.ndarray] | None = None
         self._tables: tuple | None = None
 
     def reset(self) -> None:
@@ -72,29 +72,36 @@ class PrefixSearch:
         cv_in2, cv_out2, one_cs2 = req.size_terms
         t, s = pred.throughput_forest, pred.starved_forest
         ttft = pred.ttft_forest if req.bar is not None and pred.ttft_forest is not None else t
+        tpot = pred.tpot_forest if req.bar is not None and pred.tpot_forest is not None else t
         edge = pred.edge.forest if req.edge and pred.edge is not None else t
+        ttft_limits, tpot_limits = self._latency_limits()
         k, a_max = _largest_prefix(
-            pred.terms, ranks[pos:], rates[pos:], d_in[pos:], d_out[pos:], self._ttft_limits()[pos:], k_max,
-            rank_values, limits, lora_ranks, points, kv,
-            1.0 + req.margin, STRESS_FACTOR, float(req.min_ratio), ttft is not t, float(req.size_margin), cv_in2,
-            cv_out2, one_cs2, edge is not t, MIN_PASS_PROBABILITY,
+            pred.terms, ranks[pos:], rates[pos:], d_in[pos:], d_out[pos:], ttft_limits[pos:], tpot_limits[pos:],
+            k_max, rank_values, limits, lora_ranks, points, kv,
+            1.0 + req.margin, STRESS_FACTOR, float(req.min_ratio), ttft is not t, tpot is not t, float(req.size_margin),
+            cv_in2, cv_out2, one_cs2, edge is not t, MIN_PASS_PROBABILITY,
             t.nodes, t.thresholds, t.leaf_row, t.leaf_value, t.roots,
             s.nodes, s.thresholds, s.leaf_row, s.leaf_value, s.roots,
             ttft.nodes, ttft.thresholds, ttft.leaf_row, ttft.leaf_value, ttft.roots,
+            tpot.nodes, tpot.thresholds, tpot.leaf_row, tpot.leaf_value, tpot.roots,
             edge.nodes, edge.thresholds, edge.leaf_row, edge.leaf_value, edge.roots)
         return int(k), int(a_max)
 
-    def _ttft_limits(self) -> np.ndarray:
-        """Per queue entry: log10 of the p99 TTFT limit (ms) its adapter holds a GPU to (inf: none)."""
+    def _latency_limits(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per queue entry: log10 of the p99 TTFT limit (ms) its adapter holds a GPU to, and of the p99 TPOT
+        the packer holds the prediction to (:func:`aim_tpot_limit`); inf: none."""
         if self._limits is None:
             req = self.req
             idx = np.array([i for i, _ in self.queue], np.int64)
             if req.bar is None:
-                self._limits = np.full(len(idx), np.inf)
+                self._limits = np.full(len(idx), np.inf), np.full(len(idx), np.inf)
             else:
-                bar_ms = np.inf if req.bar.max_ttft_s is None else req.bar.max_ttft_s * 1000.0
-                own = req.adapter_ttft_s[idx] * 1000.0
-                self._limits = np.log10(np.fmin(own, bar_ms))
+                ttft_ms = np.inf if req.bar.max_ttft_s is None else req.bar.max_ttft_s * 1000.0
+                tpot_ms = np.inf if req.bar.max_tpot_ms is None else req.bar.max_tpot_ms
+                tpot = np.fmin(req.adapter_tpot_ms[idx], tpot_ms)
+                if req.tpot_aim > 0:
+                    tpot = np.array([aim_tpot_limit(v, req.tpot_aim) for v in tpot])
+                self._limits = np.log10(np.fmin(req.adapter_ttft_s[idx] * 1000.0, ttft_ms)), np.log10(tpot)
         return self._limits
 
     def _search(self, pos: int, k_max: int) -> tuple[int, int]:
@@ -165,13 +172,15 @@ class PrefixSearch:
 
 
 @numba.njit(cache=True)
-def _largest_prefix(terms, ranks, rates, input_tokens, output_tokens, ttft_limits, k_max, rank_values, limits,
-                    lora_ranks, points, kv, scale, stress, min_ratio, use_ttft, size_margin, cv_in2, cv_out2, one_cs2,
-                    use_edge, edge_min, t_nodes, t_thresholds, t_leaf_row, t_leaf_value, t_roots, s_nodes, s_thresholds,
-                    s_leaf_row, s_leaf_value, s_roots, l_nodes, l_thresholds, l_leaf_row, l_leaf_value, l_roots,
-                    e_nodes, e_thresholds, e_leaf_row, e_leaf_value, e_roots):
+def _largest_prefix(terms, ranks, rates, input_tokens, output_tokens, ttft_limits, tpot_limits, k_max, rank_values,
+                    limits, lora_ranks, points, kv, scale, stress, min_ratio, use_ttft, use_tpot, size_margin, cv_in2,
+                    cv_out2, one_cs2, use_edge, edge_min, t_nodes, t_thresholds, t_leaf_row, t_leaf_value, t_roots,
+                    s_nodes, s_thresholds, s_leaf_row, s_leaf_value, s_roots, l_nodes, l_thresholds, l_leaf_row,
+                    l_leaf_value, l_roots, p_nodes, p_thresholds, p_leaf_row, p_leaf_value, p_roots, e_nodes,
+                    e_thresholds, e_leaf_row, e_leaf_value, e_roots):
     """PrefixSearch._search over compiled verdicts: (k, A_max), (0, 0) when the first adapter alone fails.
     ``ttft_limits``: per entry, log10 of its p99 TTFT limit in ms; ``use_ttft``: the ``l_*`` forest predicts it;
+    ``tpot_limits`` and ``use_tpot``: the same of the p99 TPOT the ``p_*`` forest is held to;
     ``scale`` is 1 + the margin and ``stress`` the stress factor on top of it; ``size_margin`` and the size terms:
     :meth:`PackRequest.aim_scale`; ``use_edge``: a candidate passes only where the ``e_*`` classifier (the edge
     model) gives "passes" at least ``edge_min``."""
@@ -180,18 +189,22 @@ def _largest_prefix(terms, ranks, rates, input_tokens, output_tokens, ttft_limit
     x, x32, out = np.empty(N_FEATURES), np.empty(N_FEATURES + 1, np.float32), np.empty(2)  # x32: EDGE_FEATURES
     need = np.empty(k_max, np.int64)  # row of rank_values holding each prefix's largest rank
     limit = np.empty(k_max)  # each prefix's TTFT limit: the strictest of its entries'
+    tpot_limit = np.empty(k_max)  # and its TPOT limit
     top_rank = 0
-    strictest = np.inf
+    strictest = strictest_tpot = np.inf
     for i in range(k_max):
         top_rank = max(top_rank, ranks[i])
         need[i] = np.searchsorted(rank_values, top_rank)
         strictest = min(strictest, ttft_limits[i])
         limit[i] = strictest
-    args = (terms, ranks, rates, input_tokens, output_tokens, need, limit, limits, lora_ranks, points, kv, scale,
-            stress, min_ratio, use_ttft, size_margin, cv_in2, cv_out2, one_cs2, use_edge, edge_min, buf, nominal,
-            stressed, x, x32, out, t_nodes, t_thresholds, t_leaf_row, t_leaf_value, t_roots, s_nodes, s_thresholds,
-            s_leaf_row, s_leaf_value, s_roots, l_nodes, l_thresholds, l_leaf_row, l_leaf_value, l_roots, e_nodes,
-            e_thresholds, e_leaf_row, e_leaf_value, e_roots)
+        strictest_tpot = min(strictest_tpot, tpot_limits[i])
+        tpot_limit[i] = strictest_tpot
+    args = (terms, ranks, rates, input_tokens, output_tokens, need, limit, tpot_limit, limits, lora_ranks, points, kv,
+            scale, stress, min_ratio, use_ttft, use_tpot, size_margin, cv_in2, cv_out2, one_cs2, use_edge, edge_min,
+            buf, nominal, stressed, x, x32, out, t_nodes, t_thresholds, t_leaf_row, t_leaf_value, t_roots, s_nodes,
+            s_thresholds, s_leaf_row, s_leaf_value, s_roots, l_nodes, l_thresholds, l_leaf_row, l_leaf_value, l_roots,
+            p_nodes, p_thresholds, p_leaf_row, p_leaf_value, p_roots, e_nodes, e_thresholds, e_leaf_row, e_leaf_value,
+            e_roots)
     a_first = _prefix_verdict(1, *args)
     if a_first == 0:
         return 0, 0
@@ -221,11 +234,12 @@ def _largest_prefix(terms, ranks, rates, input_tokens, output_tokens, ttft_limit
 
 
 @numba.njit(cache=True)
-def _prefix_verdict(k, terms, ranks, rates, input_tokens, output_tokens, need, ttft_limit, limits, lora_ranks, points,
-                    kv, scale, stress, min_ratio, use_ttft, size_margin, cv_in2, cv_out2, one_cs2, use_edge, edge_min,
-                    buf, nominal, stressed, x, x32, out, t_nodes, t_thresholds, t_leaf_row, t_leaf_value, t_roots,
-                    s_nodes, s_thresholds, s_leaf_row, s_leaf_value, s_roots, l_nodes, l_thresholds, l_leaf_row,
-                    l_leaf_value, l_roots, e_nodes, e_thresholds, e_leaf_row, e_leaf_value, e_roots):
+def _prefix_verdict(k, terms, ranks, rates, input_tokens, output_tokens, need, ttft_limit, tpot_limit, limits,
+                    lora_ranks, points, kv, scale, stress, min_ratio, use_ttft, use_tpot, size_margin, cv_in2, cv_out2,
+                    one_cs2, use_edge, edge_min, buf, nominal, stressed, x, x32, out, t_nodes, t_thresholds, t_leaf_row,
+                    t_leaf_value, t_roots, s_nodes, s_thresholds, s_leaf_row, s_leaf_value, s_roots, l_nodes,
+                    l_thresholds, l_leaf_row, l_leaf_value, l_roots, p_nodes, p_thresholds, p_leaf_row, p_leaf_value,
+                    p_roots, e_nodes, e_thresholds, e_leaf_row, e_leaf_value, e_roots):
     """``best_a_max`` of the first k adapters: the chosen A_max, 0 if none passes. Candidates as
     ``a_max_candidates``: every profiled point below top = min(k, A_max limit), then top. With a TTFT limit
     and a latency forest, the passing candidate with the lowest p99 TTFT at the stressed load wins, else the
@@ -237,6 +251,8 @@ def _prefix_verdict(k, terms, ranks, rates, input_tokens, output_tokens, need, t
     rank = lora_ranks[row]
     lim = ttft_limit[k - 1]
     latency = use_ttft and lim < np.inf
+    tpot_lim = tpot_limit[k - 1]
+    per_token = use_tpot and tpot_lim < np.inf
     if size_margin > 0:
         scale = scale * size_scale(size_cv2(rates[:k], input_tokens[:k], output_tokens[:k], cv_in2, cv_out2),
                                    one_cs2, size_margin)
@@ -255,7 +271,9 @@ def _prefix_verdict(k, terms, ranks, rates, input_tokens, output_tokens, need, t
         if not _passes(x, x32, out, min_ratio, t_nodes, t_thresholds, t_leaf_row, t_leaf_value, t_roots,
                        s_nodes, s_thresholds, s_leaf_row, s_leaf_value, s_roots):
             continue
-        if latency and _log_ttft(x32, out, l_nodes, l_thresholds, l_leaf_row, l_leaf_value, l_roots) > lim:
+        if latency and _log_latency(x32, out, l_nodes, l_thresholds, l_leaf_row, l_leaf_value, l_roots) > lim:
+            continue
+        if per_token and _log_latency(x32, out, p_nodes, p_thresholds, p_leaf_row, p_leaf_value, p_roots) > tpot_lim:
             continue
         if use_edge:
             x32[N_FEATURES] = min(1.0, a / x[0])  # models.edge.edge_features
@@ -269,7 +287,7 @@ def _prefix_verdict(k, terms, ranks, rates, input_tokens, output_tokens, need, t
             have_stressed = True
         _features32(terms, stressed, a, rank, tokens, x, x32)
         if latency:
-            score = -_log_ttft(x32, out, l_nodes, l_thresholds, l_leaf_row, l_leaf_value, l_roots)
+            score = -_log_latency(x32, out, l_nodes, l_thresholds, l_leaf_row, l_leaf_value, l_roots)
         else:
             score = _throughput(x, x32, out, t_nodes, t_thresholds, t_leaf_row, t_leaf_value, t_roots)
         if best == 0 or score >= best_score:  # candidates ascend: a tie goes to the larger A_max
@@ -293,7 +311,8 @@ def _throughput(x, x32, out, t_nodes, t_thresholds, t_leaf_row, t_leaf_value, t_
 
 
 @numba.njit(cache=True)
-def _log_ttft(x32, out, l_nodes, l_thresholds, l_leaf_row, l_leaf_value, l_roots):
+def _log_latency(x32, out, l_nodes, l_thresholds, l_leaf_row, l_leaf_value, l_roots):
+    """A latency forest's prediction of the row (log10 ms)."""
     forest_row(l_nodes, l_thresholds, l_leaf_row, l_leaf_value, l_roots, x32, out)
     return out[0]
 

@@ -200,7 +200,7 @@ class TwinCheck:
         if self.ttft_ms_p99[k] > self.max_ttft_ms[k]:
             out.append(f"p99 TTFT {self.ttft_ms_p99[k] / 1000:,.1f} s > {self.max_ttft_ms[k] / 1000:g} s")
         if self.tpot_ms_p99[k] > self.max_tpot_ms[k]:
-            out.append(f"p99 TPOT {self.tpot_ms_p99[k]:,.0f} ms > {self.max_tpot_ms[k]:g} ms")
+            out.append(f"p99 TPOT {self.tpot_ms_p99[k]:,.1f} ms > {self.max_tpot_ms[k]:g} ms")
         if self.ttft_ms_p999[k] > self.max_ttft_p999_ms[k]:
             out.append(f"p99.9 TTFT {self.ttft_ms_p999[k] / 1000:,.0f} s > {self.max_ttft_p999_ms[k] / 1000:g} s "
                        "(requests left waiting for a LoRA slot)")

@@ -50,11 +50,12 @@ def test_metadata_reports_every_model_and_the_compiled_forests(artifact):
     assert all(c["bit_identical_to_sklearn_on_held_out"] for c in meta["compiled"].values())
     assert meta["results"]["throughput"]["rf"]["held_out"] < 60  # SMAPE %, a sanity bound on 160 rows
     # The reduced search ships the speed-sized forests, here with the test's leaf bound.
-    assert meta["training"]["shipped_forests"] == {"throughput": "ExtraTreesRegressor",
-                                                   "starved": "RandomForestClassifier", "ttft": "ExtraTreesRegressor"}
-    # the latency forest: log10 p99 TTFT, scored by its agreement with the twin on meeting a limit
+    assert meta["training"]["shipped_forests"] == {"throughput": "ExtraTreesRegressor", "starved": "RandomForestClassifier",
+                                                   "ttft": "ExtraTreesRegressor", "tpot": "ExtraTreesRegressor"}
+    # the latency forests: log10 p99 TTFT and TPOT, scored by their agreement with the twin on meeting a limit
     assert meta["results"]["ttft"]["rf"]["held_out"] < 1.0 and "2s" in meta["results"]["ttft"]["rf"]["slo_agreement"]
-    assert {"full_ttft", "small_ttft"} <= meta["compiled"].keys()
+    assert meta["results"]["tpot"]["rf"]["held_out"] < 1.0 and "50ms" in meta["results"]["tpot"]["rf"]["slo_agreement"]
+    assert {"full_ttft", "small_ttft", "full_tpot", "small_tpot"} <= meta["compiled"].keys()
     assert meta["training"]["max_leaf_nodes"] == 32
     # KNN is tuned on the capped sample, the shipped forest on every training row.
     assert meta["training"]["kernel_rows"] == 100

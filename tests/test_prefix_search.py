@@ -89,6 +89,27 @@ def test_compiled_search_aims_at_the_size_scaled_judging_load(llama, monkeypatch
     assert fast != plan(req, monkeypatch, True)[0]
 
 
+@pytest.mark.parametrize("pid", ["h100-64gb-llama-3.1-8b", "h100-64gb-qwen2.5-7b"])
+def test_compiled_search_holds_a_tight_tpot_limit_alike(pid, monkeypatch):
+    """A TPOT limit tighter than the default (the bar's, and some adapters' own) is held by the TPOT forest,
+    scaled by the slowdown, in both searches alike; it changes the plan, and the default limit does not."""
+    profile = load_profile(pid)
+    base = replace(PackRequest.build(random_workload(300, 8), profile, load_predictor(profile, "surrogate"), 1000),
+                   margin=0.3, tpot_aim=1.3)
+    assert base.predictor.tpot_forest is not None
+    own = np.full(300, np.nan)
+    own[::5] = 40.0
+    tight = replace(base, bar=ServiceBar(max_tpot_ms=60.0, slowdown=1.3), adapter_tpot_ms=own)
+    fast, _ = plan(tight, monkeypatch, True)
+    slow, _ = plan(tight, monkeypatch, False)
+    assert fast == slow and not isinstance(fast, str)
+    default = replace(base, bar=ServiceBar(slowdown=1.3))
+    assert fast != plan(default, monkeypatch, True)[0]
+    untimed = load_predictor(profile, "surrogate")
+    untimed.tpot_forest = None
+    assert plan(default, monkeypatch, True)[0] == plan(replace(default, predictor=untimed), monkeypatch, True)[0]
+
+
 def test_compiled_search_under_a_unified_pool(llama, monkeypatch):
     """Another serving policy's memory rule (every A_max starts with the whole pool)."""
     chameleon = policy_from_name("chameleon")
