@@ -231,16 +231,16 @@ def keeps_up(req: PackRequest, shares: dict[int, float], a_max: int, max_lora_ra
     return bool(passing(req, req.predictor.predict(scen), scen)[0])
 
 
-def aim_tpot_limit(limit_ms: float, slowdown: float) -> float:
+def aim_tpot_limit(limit_ms, slowdown: float):
     """The p99 TPOT a GPU of TPOT limit ``limit_ms`` must be predicted within on the profile's own GPU, at the
     load the packer asks about (the planned load x the slowdown): the limit over the ``slowdown``, where the
-    limit is tighter than the default; else none (inf).
+    limit is tighter than the default; else none (inf). Elementwise on an array of limits.
 
     A token takes one engine step, whose length is affine in the batch; a GPU s times slower at load L runs
     steps s times longer than the profile's GPU at load s x L (its batch is the same), so its TPOT is s
     times the one predicted there. At the default limit the packing rounds and the edge classifier already
     converge (docs/planning.md), and the default plans stay what they were."""
-    return limit_ms / slowdown if limit_ms < DEFAULT_MAX_TPOT_MS else np.inf
+    return np.where(np.asarray(limit_ms) < DEFAULT_MAX_TPOT_MS, np.asarray(limit_ms) / slowdown, np.inf)
 
 
 def passing(req: PackRequest, pred: Predictions, scenarios: list[GpuScenario]) -> np.ndarray:
@@ -252,7 +252,7 @@ def passing(req: PackRequest, pred: Predictions, scenarios: list[GpuScenario]) -
     if req.bar is not None:
         ok &= pred.throughput_tok_s >= req.min_ratio * pred.arriving_tok_s
         if req.tpot_aim > 0:
-            scenarios = [replace(s, max_tpot_ms=aim_tpot_limit(s.max_tpot_ms, req.tpot_aim)) for s in scenarios]
+            scenarios = [replace(s, max_tpot_ms=float(aim_tpot_limit(s.max_tpot_ms, req.tpot_aim))) for s in scenarios]
         ok &= pred.meets_latency(scenarios)
     if req.edge and pred.passes_edge is not None:
         ok &= pred.passes_edge

@@ -100,7 +100,7 @@ class PrefixSearch:
                 tpot_ms = np.inf if req.bar.max_tpot_ms is None else req.bar.max_tpot_ms
                 tpot = np.fmin(req.adapter_tpot_ms[idx], tpot_ms)
                 if req.tpot_aim > 0:
-                    tpot = np.array([aim_tpot_limit(v, req.tpot_aim) for v in tpot])
+                    tpot = aim_tpot_limit(tpot, req.tpot_aim)
                 self._limits = np.log10(np.fmin(req.adapter_ttft_s[idx] * 1000.0, ttft_ms)), np.log10(tpot)
         return self._limits
 
