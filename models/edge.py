@@ -59,7 +59,7 @@ SERVED, A_MAX = FEATURES.index("served_adapters"), FEATURES.index("a_max")
 #: The bar and judging-run terms the labels depend on, and the direction in which a plan's may differ
 #: (+1: a larger value is stricter, -1: a smaller one is).
 BAR_TERMS = {"max_ttft_s": -1, "max_tpot_ms": -1, "min_served": +1, "slowdown": +1}
-RUN_TERMS = ("duration_s", "load", "seed", "second_seed", "tail_factor", "size_scaled", "min_requests",
+RUN_TERMS = ("duration_s", "load", "seed", "second_seed", "tail_factor", "tpot_factor", "size_scaled", "min_requests",
              "max_duration_s")
 
 

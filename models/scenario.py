@@ -50,7 +50,7 @@ class Predictions:
     tpot_ms_p99: np.ndarray | None = None
     itl_ms_mean: np.ndarray | None = None
     ttft_ms_p999_all: np.ndarray | None = None  # from the twin: p99.9 TTFT over every arrival
-    within_tail: np.ndarray | None = None  # from a judging run: p99.9 TTFT within its bound (planner.verdict)
+    within_bounds: np.ndarray | None = None  # from a judging run: p99.9 TTFT and p99 TPOT within its bounds (planner.verdict)
     passes_edge: np.ndarray | None = None  # from a surrogate's edge classifier (models.edge): the packer may take
 
     def meets_latency(self, scenarios: Sequence[GpuScenario]) -> np.ndarray:
@@ -59,7 +59,7 @@ class Predictions:
         for figure, limit in ((self.ttft_ms_p99_all, "max_ttft_ms"), (self.tpot_ms_p99, "max_tpot_ms")):
             if figure is not None:
                 ok &= ~(figure > np.array([getattr(s, limit) for s in scenarios]))  # NaN (no request): no miss
-        return ok if self.within_tail is None else ok & self.within_tail
+        return ok if self.within_bounds is None else ok & self.within_bounds
 
 
 class Predictor(Protocol):

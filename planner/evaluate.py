@@ -165,10 +165,12 @@ def judging_run(placement: Placement, seed: int, load: float | None = None, **kw
     plan_load = float(conf.get("load") or CONFIRM_LOAD) if own else 1.0
     second = conf.get("second_seed", SECOND_SEED) if own else None
     tail = conf.get("tail_factor") if own else None  # no bound before plans recorded one
+    tpot = conf.get("tpot_factor") if own else None
     kw.setdefault("size_scaled", bool(conf.get("size_scaled")) if own else False)
     if kw.get("duration_s") is None:  # with the plan's seed as long as the plan's runs were, else an hour
         kw["duration_s"] = float(conf.get("duration_s") or CONFIRM_DURATION_S) if own else CONFIRM_DURATION_S
         if own and conf.get("min_requests"):
             kw.update(min_requests=float(conf["min_requests"]),
                       max_duration_s=float(conf.get("max_duration_s") or CONFIRM_DURATION_S))
-    return TwinRun(seed=seed, load=plan_load if load is None else load, second_seed=second, tail_factor=tail, **kw)
+    return TwinRun(seed=seed, load=plan_load if load is None else load, second_seed=second, tail_factor=tail,
+                  tpot_factor=tpot, **kw)

@@ -16,7 +16,7 @@ import numpy as np
 
 from models.scenario import GpuScenario, Predictions, Predictor
 from models.twin_predictor import default_size_cv2, length_cv2, size_cv2, size_scale
-from planner.verdict import DEFAULT_MAX_TPOT_MS, ServiceBar, group_limits
+from planner.verdict import DEFAULT_MAX_TPOT_MS, TPOT_FACTOR, ServiceBar, group_limits
 from twin.errors import BadInputError, InfeasibleError
 from twin.policies.memory import UnifiedPool, kv_capacity
 from twin.policies.spec import PolicySpec
@@ -233,14 +233,16 @@ def keeps_up(req: PackRequest, shares: dict[int, float], a_max: int, max_lora_ra
 
 def aim_tpot_limit(limit_ms, slowdown: float):
     """The p99 TPOT a GPU of TPOT limit ``limit_ms`` must be predicted within on the profile's own GPU, at the
-    load the packer asks about (the planned load x the slowdown): the limit over the ``slowdown``, where the
-    limit is tighter than the default; else none (inf). Elementwise on an array of limits.
+    load the packer asks about (the planned load x the slowdown): the judging runs' bound on it
+    (:data:`~planner.verdict.TPOT_FACTOR` times the limit) over the ``slowdown``, where the limit is tighter than
+    the default; else none (inf). Elementwise on an array of limits.
 
     A token takes one engine step, whose length is affine in the batch; a GPU s times slower at load L runs
     steps s times longer than the profile's GPU at load s x L (its batch is the same), so its TPOT is s
     times the one predicted there. At the default limit the packing rounds and the edge classifier already
-    converge (docs/planning.md), and the default plans stay what they were."""
-    return np.where(np.asarray(limit_ms) < DEFAULT_MAX_TPOT_MS, np.asarray(limit_ms) / slowdown, np.inf)
+    converge (docs/planning.md)."""
+    limit_ms = np.asarray(limit_ms)
+    return np.where(limit_ms < DEFAULT_MAX_TPOT_MS, limit_ms * TPOT_FACTOR / slowdown, np.inf)
 
 
 def passing(req: PackRequest, pred: Predictions, scenarios: list[GpuScenario]) -> np.ndarray:

@@ -55,6 +55,8 @@ def slo_line(c: dict) -> str:
         line += f", seed {c['seed']} and again {c['second_seed']}"
     if c.get("tail_factor") is not None and c.get("max_ttft_s") is not None:
         line += f", p99.9 TTFT within {c['tail_factor']:g}x the limit"
+    if c.get("tpot_factor") is not None and c.get("max_tpot_ms") is not None:
+        line += f", p99 TPOT within {c['tpot_factor']:.0%} of the limit"
     if c.get("slowdown", 1.0) > 1.0:
         line += f", on a GPU {c['slowdown'] - 1:.0%} slower than the profile: its safety margin"
     return line + ")"

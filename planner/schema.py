@@ -105,6 +105,8 @@ class Confirmation(_Open):
     second_seed: int | None = None  # the seed a GPU that passed was run again with
     # in each run p99.9 TTFT was within this many times the TTFT limit (None: not bounded)
     tail_factor: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    # in each run p99 TPOT was within this many times the TPOT limit (None: the limit)
+    tpot_factor: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = None
     # a GPU whose request sizes vary more than the profile's default lengths ran with a larger margin
     size_scaled: bool = False
     # a GPU expected to see fewer arrivals than this in duration_s ran longer, up to max_duration_s

@@ -239,6 +239,26 @@ def test_a_gpu_that_leaves_requests_waiting_minutes_fails_its_judging_runs():
     assert judged.row(0, bar)["ttft_ms_p999"] > 100_000
 
 
+def test_a_gpu_at_its_tpot_limit_fails_its_judging_runs_but_not_the_slo():
+    """p99 TPOT moves about a per cent from one simulated hour to the next, so a judging run holds a GPU to
+    TPOT_FACTOR times its TPOT limit: a GPU judged at 99 % of the limit fails there, saying why, and the same
+    run without the room passes it; the plan records the factor and `evaluate` with another seed checks the
+    limit itself."""
+    profile = load_profile(PROFILE)
+    wl = Workload(tuple(Adapter(f"ad-{i}", 16, 0.8) for i in range(12)))
+    opts = PlanOptions()
+    req = replace(PackRequest.build(wl, profile, load_predictor(profile, "surrogate"), max_gpus=1), bar=opts.bar(profile))
+    group = [GpuGroup({i: 1.0 for i in range(12)}, a_max=12, max_lora_rank=16)]
+    tpot = float(check_groups(req, group, opts.run, req.bar).tpot_ms_p99[0])
+    bar = replace(req.bar, max_tpot_ms=round(tpot / 0.99, 3))
+    assert opts.run.tpot_factor == 0.98 and opts.run.to_dict()["tpot_factor"] == 0.98
+    judged = check_groups(replace(req, bar=bar), group, opts.run, bar)
+    assert judged.tpot_ms_p99[0] == pytest.approx(tpot) and judged.keeps_up(bar)[0]
+    assert not judged.meets(bar)[0] and "room for the arrival seed" in judged.misses(0, bar)[-1]
+    roomless = check_groups(replace(req, bar=bar), group, replace(opts.run, tpot_factor=None), bar)
+    assert roomless.meets(bar)[0] and roomless.misses(0, bar) == []
+
+
 def test_a_gpu_of_mixed_request_sizes_is_judged_with_a_larger_margin(setup):
     """A GPU of a 10,000-adapter mixed-lengths plan (16 rank-32 adapters, prompts of 43-2,724 and outputs of
     26-996 tokens, on --max-loras 8) passed judging runs at 1.05 x its traffic with 1.97 s p99 TTFT, then

@@ -5,16 +5,20 @@ A plan judges each GPU on one simulated hour (arrival seed 0) with 5 % more traf
 (:mod:`planner.verdict`). This benchmark plans random fleet workloads (``planner plan`` as a fresh
 process), then judges every planned GPU again in the twin on ``--hours`` other hours with the planned
 traffic itself (``planner evaluate --seed 1..N``: the same slowed twin, other arrivals). Per family: GPUs
-that miss the SLO in at least one other hour, and GPU-hours missed.
+that miss the SLO in at least one other hour, and GPU-hours missed; and how far p99 TPOT moves: per GPU, the
+worst other hour's p99 TPOT over the one the plan was judged at (quantiles over the GPUs, ``tpot_over_judged``),
+which sizes :data:`planner.verdict.TPOT_FACTOR` where a tight TPOT limit binds (``--plan-args '--max-tpot 50'``).
 
     python -m benchmarks.fidelity.ttft_seed_spread [--families mixed-lengths,log-uniform] [--seeds 0,1,2]
-        [--adapters 2000] [--hours 6]          # -> artifacts/benchmarks/ttft_seed_spread.json
+        [--adapters 2000] [--hours 6] [--plan-args '--max-tpot 50'] [--out FILE]
+                                                # -> artifacts/benchmarks/ttft_seed_spread.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -32,27 +36,40 @@ from twin.families import family_workload, write_workload_csv
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def misses(placement, wl, profile, bar, seed: int) -> np.ndarray:
+def other_hour(placement, wl, profile, bar, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per GPU: whether it misses the SLO in the hour of arrival ``seed``, and its p99 TPOT there."""
     ev = evaluate_placement(placement, wl, profile, bar, TwinRun(seed=seed, load=1.0, jobs=2, second_seed=None))
-    return np.array([not i.ok for i in ev.instances])
+    tpot = [np.nan if i.figures is None or i.figures["tpot_ms_p99"] is None else i.figures["tpot_ms_p99"]
+            for i in ev.instances]
+    return np.array([not i.ok for i in ev.instances]), np.array(tpot, float)
 
 
-def case(family: str, n: int, seed: int, hours: int, profile_id: str, work: Path) -> dict:
+def case(family: str, n: int, seed: int, hours: int, profile_id: str, plan_args: list[str], work: Path) -> dict:
     profile = load_profile(profile_id)
     wl = family_workload(family, n, seed, max_model_len=profile.engine.max_model_len)
     csv, plan = work / "w.csv", work / "plan.json"
     write_workload_csv(wl, csv)
     proc = subprocess.run([sys.executable, "-m", "planner.cli", "plan", str(csv), "--profile", profile_id, "--out",
-                           str(plan)], cwd=ROOT, capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
+                           str(plan), *plan_args], cwd=ROOT, capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
     if proc.returncode != 0:
         return {"family": family, "seed": seed, "plan_exit": proc.returncode}
     placement = read_placement(plan)
     bar = plan_bar(placement, profile)
-    other = np.array([misses(placement, wl, profile, bar, s) for s in range(1, hours + 1)])
+    hours_run = [other_hour(placement, wl, profile, bar, s) for s in range(1, hours + 1)]
+    other = np.array([m for m, _ in hours_run])
     fails = other.any(axis=0)
-    row = {"family": family, "seed": seed, "gpus": len(fails), "gpus_missing_some_hour": int(fails.sum()),
-           "gpu_hours_missed": int(other.sum()), "gpu_hours": int(other.size)}
-    return row
+    judged = np.array([np.nan if i.twin is None or i.twin.get("tpot_ms_p99") is None else i.twin["tpot_ms_p99"]
+                       for i in placement.instances], float)
+    ratio = np.nanmax([t for _, t in hours_run], axis=0) / judged
+    ratio = ratio[np.isfinite(ratio)]
+    limit = np.array([np.nan if i.twin is None or i.twin.get("max_tpot_ms") is None else i.twin["max_tpot_ms"]
+                      for i in placement.instances], float)
+    return {"family": family, "seed": seed, "gpus": len(fails), "gpus_missing_some_hour": int(fails.sum()),
+            "gpu_hours_missed": int(other.sum()), "gpu_hours": int(other.size),
+            "judged_tpot_over_limit_max": round(float(np.nanmax(judged / limit)), 4),
+            "tpot_over_judged": {q: round(float(np.quantile(ratio, v)), 4) for q, v in
+                                 (("median", 0.5), ("p90", 0.9), ("max", 1.0))},
+            "tpot_over_judged_all": [round(float(r), 4) for r in ratio]}
 
 
 def main() -> None:
@@ -62,15 +79,23 @@ def main() -> None:
     ap.add_argument("--adapters", type=int, default=2000)
     ap.add_argument("--hours", type=int, default=6, help="other simulated hours (evaluate seeds 1..N)")
     ap.add_argument("--profile", default="h100-64gb-llama-3.1-8b")
+    ap.add_argument("--plan-args", default="", help="extra `planner plan` options, e.g. '--max-tpot 50'")
+    ap.add_argument("--out", default=None, help="result file (default artifacts/benchmarks/ttft_seed_spread.json)")
     args = ap.parse_args()
     rows = []
     for family in args.families.split(","):
         for seed in (int(s) for s in args.seeds.split(",")):
             with tempfile.TemporaryDirectory(prefix="ttft-spread-") as tmp:
-                rows.append(case(family, args.adapters, seed, args.hours, args.profile, Path(tmp)))
-            print(json.dumps(rows[-1]), flush=True)
-            write_result("ttft_seed_spread", {"benchmark": "ttft_seed_spread", "profile": args.profile,
-                                              "adapters": args.adapters, "hours": args.hours, "cases": rows})
+                rows.append(case(family, args.adapters, seed, args.hours, args.profile, shlex.split(args.plan_args),
+                                 Path(tmp)))
+            print(json.dumps({k: v for k, v in rows[-1].items() if k != "tpot_over_judged_all"}), flush=True)
+            ratios = [r for row in rows for r in row.get("tpot_over_judged_all", [])]
+            write_result(args.out or "ttft_seed_spread", {
+                "benchmark": "ttft_seed_spread", "profile": args.profile, "adapters": args.adapters,
+                "hours": args.hours, "plan_args": args.plan_args, "cases": rows,
+                "tpot_over_judged": {q: round(float(np.quantile(ratios, v)), 4) for q, v in
+                                     (("median", 0.5), ("p90", 0.9), ("p99", 0.99), ("max", 1.0))} if ratios else None,
+            })
 
 
 if __name__ == "__main__":
