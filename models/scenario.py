@@ -50,7 +50,8 @@ class Predictions:
     tpot_ms_p99: np.ndarray | None = None
     itl_ms_mean: np.ndarray | None = None
     ttft_ms_p999_all: np.ndarray | None = None  # from the twin: p99.9 TTFT over every arrival
-    within_bounds: np.ndarray | None = None  # from a judging run: p99.9 TTFT and p99 TPOT within its bounds (planner.verdict)
+    # from a judging run: p99.9 TTFT and p99 TPOT within its bounds (planner.verdict)
+    within_bounds: np.ndarray | None = None
     passes_edge: np.ndarray | None = None  # from a surrogate's edge classifier (models.edge): the packer may take
 
     def meets_latency(self, scenarios: Sequence[GpuScenario]) -> np.ndarray:

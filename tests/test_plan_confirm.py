@@ -242,12 +242,12 @@ def test_a_gpu_that_leaves_requests_waiting_minutes_fails_its_judging_runs():
 def test_a_gpu_at_its_tpot_limit_fails_its_judging_runs_but_not_the_slo():
     """p99 TPOT moves about a per cent from one simulated hour to the next, so a judging run holds a GPU to
     TPOT_FACTOR times its TPOT limit: a GPU judged at 99 % of the limit fails there, saying why, and the same
-    run without the room passes it; the plan records the factor and `evaluate` with another seed checks the
-    limit itself."""
+    run without the room (as `evaluate` with another seed runs) passes it; the judging run records the factor."""
     profile = load_profile(PROFILE)
     wl = Workload(tuple(Adapter(f"ad-{i}", 16, 0.8) for i in range(12)))
     opts = PlanOptions()
-    req = replace(PackRequest.build(wl, profile, load_predictor(profile, "surrogate"), max_gpus=1), bar=opts.bar(profile))
+    req = replace(PackRequest.build(wl, profile, load_predictor(profile, "surrogate"), max_gpus=1),
+                  bar=opts.bar(profile))
     group = [GpuGroup({i: 1.0 for i in range(12)}, a_max=12, max_lora_rank=16)]
     tpot = float(check_groups(req, group, opts.run, req.bar).tpot_ms_p99[0])
     bar = replace(req.bar, max_tpot_ms=round(tpot / 0.99, 3))

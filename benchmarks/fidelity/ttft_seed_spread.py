@@ -50,7 +50,8 @@ def case(family: str, n: int, seed: int, hours: int, profile_id: str, plan_args:
     csv, plan = work / "w.csv", work / "plan.json"
     write_workload_csv(wl, csv)
     proc = subprocess.run([sys.executable, "-m", "planner.cli", "plan", str(csv), "--profile", profile_id, "--out",
-                           str(plan), *plan_args], cwd=ROOT, capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
+                           str(plan), *plan_args], cwd=ROOT, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                          check=False)
     if proc.returncode != 0:
         return {"family": family, "seed": seed, "plan_exit": proc.returncode}
     placement = read_placement(plan)
