@@ -251,24 +251,27 @@ def check_of(pred: Predictions, scenarios: list[GpuScenario], load: float = 1.0,
     ratio = _served(pred)
     planned = pred.arriving_tok_s / load
     p999 = pred.ttft_ms_p999_all if pred.ttft_ms_p999_all is not None else np.full(len(scenarios), np.nan)
-    p999_bound, tpot_bound = judging_bounds(scenarios, tail_factor, tpot_factor)
+    ttft, tpot = limits_of(scenarios)
     return TwinCheck(ratio, pred.ttft_ms_p99_all, pred.tpot_ms_p99, ratio * planned, planned, pred.itl_ms_mean,
-                     np.array([s.max_ttft_ms for s in scenarios], float),
-                     np.array([s.max_tpot_ms for s in scenarios], float), p999, p999_bound, tpot_bound)
+                     ttft, tpot, p999, *judging_bounds(ttft, tpot, tail_factor, tpot_factor))
 
 
-def judging_bounds(scenarios: list[GpuScenario], tail_factor: float | None,
+def limits_of(scenarios: list[GpuScenario]) -> tuple[np.ndarray, np.ndarray]:
+    """Each scenario's p99 TTFT and p99 TPOT limits (ms; inf: none)."""
+    return (np.array([s.max_ttft_ms for s in scenarios], float), np.array([s.max_tpot_ms for s in scenarios], float))
+
+
+def judging_bounds(ttft_ms: np.ndarray, tpot_ms: np.ndarray, tail_factor: float | None,
                    tpot_factor: float | None) -> tuple[np.ndarray, np.ndarray]:
-    """Each scenario's bounds in a judging run (ms; inf: none): on p99.9 TTFT, and on p99 TPOT."""
-    ttft = np.array([s.max_ttft_ms for s in scenarios], float)
-    tpot = np.array([s.max_tpot_ms for s in scenarios], float)
-    return ttft * (np.inf if tail_factor is None else tail_factor), tpot * (1.0 if tpot_factor is None else tpot_factor)
+    """A judging run's bounds (ms; inf: none) for these limits: on p99.9 TTFT, and on p99 TPOT."""
+    return (ttft_ms * (np.inf if tail_factor is None else tail_factor),
+            tpot_ms * (1.0 if tpot_factor is None else tpot_factor))
 
 
 def within_bounds(pred: Predictions, scenarios: list[GpuScenario], tail_factor: float | None,
                   tpot_factor: float | None) -> np.ndarray:
     """Which predicted scenarios keep a judging run's bounds (:func:`judging_bounds`; NaN is no miss)."""
-    p999_bound, tpot_bound = judging_bounds(scenarios, tail_factor, tpot_factor)
+    p999_bound, tpot_bound = judging_bounds(*limits_of(scenarios), tail_factor, tpot_factor)
     return ~(pred.ttft_ms_p999_all > p999_bound) & ~(pred.tpot_ms_p99 > tpot_bound)
 
 
