@@ -222,10 +222,13 @@ def drop_finished(running, nrun, done_j, n_done, n_sched_running, n_kept):
     return k
 
 
-@nb.njit(cache=True, inline="always")
+@nb.njit(cache=True)
 def _refresh_head(a, state, qkey, ad_list, arr_ptr, arr_end, stack_top, run_count,
                   all_keys, all_idx, set_keys, set_idx, size):
-    """Recompute adapter ``a``'s queue head (skipping rejected arrivals) and update both trees."""
+    """Recompute adapter ``a``'s queue head (skipping rejected arrivals) and update both trees.
+
+    Called, not inlined: inlined into :func:`simulate_core`, its array arguments became aliases that numba
+    reference-counts (an atomic update each) on every call, which took half the loop's time."""
     while arr_ptr[a] < arr_end[a] and state[ad_list[arr_ptr[a]]] == REJECTED:
         arr_ptr[a] += 1
     hk = INF_KEY
@@ -335,8 +338,8 @@ def simulate_core(
     steady = np.zeros(n, np.bool_)
     g0 = np.zeros(n, np.int64)
     cnt = np.zeros(block_size, np.int64)  # steady requests per block phase
-    hk = np.empty(64, np.int64)  # finish heap: fast step, request
-    hr = np.empty(64, np.int64)
+    hk = np.empty(running.shape[0], np.int64)  # finish heap (fast step, request): at most every running request
+    hr = np.empty(running.shape[0], np.int64)
     hsize = 0
     xlist = np.zeros(running.shape[0], np.int64).view(np.uint64)  # the other running requests, in running order
     nx = 0
@@ -627,7 +630,7 @@ def simulate_core(
                 if state[r] != RUNNING:
                     continue
                 if computed[r] == ntok[r] - 1 and last_tok[r] == t_end:  # sampled: steady from the next fast step
-                    hk, hr, hsize = make_steady(r, g + 1, computed, done_at, steady, g0, cnt, block_size, hk, hr, hsize)
+                    hsize = make_steady(r, g + 1, computed, done_at, steady, g0, cnt, block_size, hk, hr, hsize)
                     n_steady += 1
                 else:
                     xlist[k] = r
@@ -646,8 +649,7 @@ def simulate_core(
                     for q in range(nrun):
                         r = running[q]
                         if computed[r] == ntok[r] - 1 and last_tok[r] == t_end:
-                            hk, hr, hsize = make_steady(r, g, computed, done_at, steady, g0, cnt, block_size,
-                                                        hk, hr, hsize)
+                            hsize = make_steady(r, g, computed, done_at, steady, g0, cnt, block_size, hk, hr, hsize)
                             n_steady += 1
                         else:
                             xlist[nx] = r

@@ -248,6 +248,7 @@ def _summarise(profile, config, rank, kv_tokens, n_ad, req, state, first_tok, fi
     waited_p99, waited_p999 = np.percentile(waited, [99, 99.9]) * 1000.0 if n_arr else (float("nan"),) * 2
     multi = done & (out_tok >= 2)
     tpot = (finish[multi] - first_tok[multi]) / (out_tok[multi] - 1.0) * 1000.0
+    ttft_p50, ttft_p99 = np.percentile(ttft, [50, 99]) if n_done else (float("nan"),) * 2
     ttft_study = ((ttft.sum() + (n_arr - n_done) * window * 1000.0) / n_arr) if n_arr else float("nan")
     preemptions, loads, rejected, steps = (int(x) for x in counters[:4])
     return SimResult(
@@ -259,8 +260,7 @@ def _summarise(profile, config, rank, kv_tokens, n_ad, req, state, first_tok, fi
         itl_ms_mean=itl_mean, itl_ms_p50=_percentile_from_hist(itl_hist, 50),
         itl_ms_p99=_percentile_from_hist(itl_hist, 99),
         ttft_ms_mean=ttft_mean,
-        ttft_ms_p50=float(np.percentile(ttft, 50)) if n_done else float("nan"),
-        ttft_ms_p99=float(np.percentile(ttft, 99)) if n_done else float("nan"),
+        ttft_ms_p50=float(ttft_p50), ttft_ms_p99=float(ttft_p99),
         ttft_ms_mean_study=float(ttft_study),
         ttft_ms_p99_all=float(waited_p99), ttft_ms_p999_all=float(waited_p999),
         tpot_ms_p99=float(np.percentile(tpot, 99)) if tpot.size else float("nan"),

@@ -25,28 +25,22 @@ twin/core.py only: after editing this module, clear the ``*.nbi``/``*.nbc`` file
 from __future__ import annotations
 
 import numba as nb
-import numpy as np
 
 from twin.states import RUNNING
 
 
 @nb.njit(cache=True)
 def heap_push(hk, hr, size, key, r):
-    """Push (``key``, ``r``) on the min-heap ``hk``/``hr`` of ``size`` entries; returns the (possibly grown)
-    arrays and the new size."""
-    if size == hk.shape[0]:
-        bigger_k = np.empty(2 * size, np.int64)
-        bigger_r = np.empty(2 * size, np.int64)
-        bigger_k[:size] = hk
-        bigger_r[:size] = hr
-        hk, hr = bigger_k, bigger_r
+    """Push (``key``, ``r``) on the min-heap ``hk``/``hr`` of ``size`` entries; returns the new size. The arrays
+    hold one entry per running request: a fixed size, since an array the engine loop could swap for a bigger
+    one costs reference counting in every step of it."""
     i = size
     while i > 0 and hk[(i - 1) >> 1] > key:  # sift up
         p = (i - 1) >> 1
         hk[i], hr[i] = hk[p], hr[p]
         i = p
     hk[i], hr[i] = key, r
-    return hk, hr, size + 1
+    return size + 1
 
 
 @nb.njit(cache=True)
@@ -77,7 +71,8 @@ def block_phase(g0, computed, block_size):
 
 @nb.njit(cache=True)
 def make_steady(r, g, computed, done_at, steady, g0, cnt, block_size, hk, hr, hsize):
-    """Hold request ``r`` implicitly from fast step ``g`` on (it sampled in the step just ended); returns the heap."""
+    """Hold request ``r`` implicitly from fast step ``g`` on (it sampled in the step just ended); returns the heap's
+    new size."""
     steady[r] = True
     g0[r] = g
     cnt[block_phase(g, computed[r], block_size)] += 1
