@@ -387,7 +387,9 @@ def simulate_core(
             continue
 
         if lazy:
-            # A fast step needs every running request scheduled in full and every block granted.
+            # A fast step needs every running request scheduled in full, except that the token budget may cut
+            # the prefill of the last one in running order (as the explicit loop would: all before it fit),
+            # and every block granted.
             demand = n_steady
             need_blocks = cnt[g % block_size]
             for q in range(nx):
@@ -397,6 +399,22 @@ def simulate_core(
                 need = computed[r] + num_new - blocks[r] * block_size
                 if need > 0:
                     need_blocks += (need + block_size - 1) // block_size
+            cut = 0  # the tokens the last running request gets when the budget cuts it (0: none cut)
+            if demand > max_batched and nx > 0:
+                r = xlist[nx - 1]
+                rest = ntok[r] - computed[r]
+                last = rlen - 1
+                while last > 0 and state[running[last]] != RUNNING:  # finished requests wait to be compacted
+                    last -= 1
+                if demand - rest < max_batched and running[last] == r:
+                    cut = max_batched - (demand - rest)
+                    demand = max_batched
+                    need = computed[r] + rest - blocks[r] * block_size
+                    if need > 0:
+                        need_blocks -= (need + block_size - 1) // block_size
+                    need = computed[r] + cut - blocks[r] * block_size
+                    if need > 0:
+                        need_blocks += (need + block_size - 1) // block_size
             if demand > max_batched or need_blocks > free_blocks:
                 rlen = materialize(running, rlen, state, steady, g0, g, computed, ntok, blocks, last_tok, now,
                                    block_size, adapter, last_used, fast_ran, step)
@@ -418,13 +436,13 @@ def simulate_core(
         n_decode = 0
         n_batch_ads = 0
         preempted_now = False
-        if lazy:  # steady requests take one token each and cnt[g % block_size] blocks; the others in full
+        if lazy:  # steady requests take one token each and cnt[g % block_size] blocks; the others in full (or cut)
             budget -= demand
             free_blocks -= need_blocks
             n_decode = n_steady
             for q in range(nx):
                 r = xlist[q]
-                num_new = ntok[r] - computed[r]
+                num_new = cut if cut > 0 and q == nx - 1 else ntok[r] - computed[r]
                 need = computed[r] + num_new - blocks[r] * block_size
                 if need > 0:
                     blocks[r] += (need + block_size - 1) // block_size

@@ -3,9 +3,12 @@
 Most running requests in most steps are *steady decoders*: they sampled a token in the previous step
 and compute exactly that token in this one. When every running request is scheduled in full and every
 block request is granted (the step's token demand fits the budget and its block demand fits the free
-blocks), such a request's step is fully determined: ``computed`` and the token count grow by one, it
-needs a new KV block exactly when ``computed`` is a multiple of the block size, its inter-token gap is
-the step's length, and it finishes at a step known from the start. :func:`twin.core.simulate_core`
+blocks), such a request's step is fully determined. So it is when the budget falls short only at the last
+request in running order, a prompt being prefilled in chunks: the explicit scheduler reaches it last and
+gives it what the others left (with mixed prompt lengths this is most steps that would otherwise be
+explicit). A steady request's step: ``computed`` and the token count grow by one, it needs a new KV block
+exactly when ``computed`` is a multiple of the block size, its inter-token gap is the step's length, and
+it finishes at a step known from the start. :func:`twin.core.simulate_core`
 then keeps each steady request as ``(computed at the step counter g0)`` and advances all of them at
 once (a *fast step*):
 
