@@ -24,8 +24,8 @@ set is full. Skipped requests never move, so the admission order is exactly vLLM
 GPU adapter slots are an LRU of ``a_max`` entries, touched every step by every adapter in the
 batch; a miss pays the adapter's load latency inside the step (serially, as vLLM loads inline).
 
-Fast steps (:mod:`twin.steady_decode`): while every running request is scheduled in full and granted
-its blocks, the requests that only decode advance implicitly, so a step costs O(requests that arrive,
+Fast steps (:mod:`twin.steady_decode`): while every running request is scheduled in full (the last one
+possibly cut by the budget) and granted its blocks, the requests that only decode advance implicitly, so a step costs O(requests that arrive,
 prefill or finish) rather than O(batch) (2.4x on a light simulated hour). A step where that does not hold runs
 the explicit loop below; after it the loop waits 1, 2, 4 ... 64 explicit steps before trying again, so
 deep overload pays next to nothing for the check. A trace keeps the loop explicit. Results are
@@ -33,7 +33,11 @@ identical either way (tests/test_twin_steady_decode.py).
 
 Speed notes (``benchmarks/speed/twin_speed.py``): numba's ``inline="always"`` inlines at its IR level, and
 in this large loop that is sometimes much slower than a plain call; each helper keeps the form that
-measured faster.
+measured faster. A helper that takes arrays and branches is called, not inlined: inlined, numba
+reference-counts its array arguments on every call (an atomic update each, which LLVM cannot prune across
+the branch), and that once took half the loop's time. For the same reason no array variable of the loop is
+ever reassigned (the finish heap has a fixed size). Check with ``simulate_core.inspect_llvm``: its body
+should call ``NRT_incref``/``NRT_decref`` only on entry and exit.
 """
 
 from __future__ import annotations
@@ -75,7 +79,7 @@ def _itl_bin(gap_s, n_hist):
     return min(max(int((x - ITL_HIST_LO) * ITL_HIST_BINS_PER_DECADE) + 1, 0), n_hist + 1)
 
 
-@nb.njit(cache=True, inline="always")
+@nb.njit(cache=True)
 def step_ms(lat, b, prompt_tokens, n_adapters):
     """Step latency (ms) of the profile's model (``StepLatency.as_array`` order) for a batch of ``b``
     requests, ``prompt_tokens`` prefill tokens and ``n_adapters`` distinct adapters."""
@@ -85,7 +89,7 @@ def step_ms(lat, b, prompt_tokens, n_adapters):
     return ms
 
 
-@nb.njit(cache=True, inline="always")
+@nb.njit(cache=True)
 def scheduler_ms(sched, n_running, n_waiting, a_max):
     """Scheduler overhead (ms) of one step."""
     us = sched[0] * n_running + sched[1] * n_waiting + sched[2] * n_waiting * a_max / sched[4] + sched[3]
@@ -118,7 +122,7 @@ def step_buffers(n, max_num_seqs, max_batched, duration, ts_dt, trace_cap):
     return running, sched_req, sched_tok, batch_ads, done_j, itl_hist, ts, trace
 
 
-@nb.njit(cache=True, inline="always")
+@nb.njit(cache=True)
 def trace_event(trace, trace_cap, tr_i, now, r, tokens, kind):
     """Append one event to the trace while it has room; returns the new trace length."""
     if tr_i < trace_cap:
@@ -225,10 +229,8 @@ def drop_finished(running, nrun, done_j, n_done, n_sched_running, n_kept):
 @nb.njit(cache=True)
 def _refresh_head(a, state, qkey, ad_list, arr_ptr, arr_end, stack_top, run_count,
                   all_keys, all_idx, set_keys, set_idx, size):
-    """Recompute adapter ``a``'s queue head (skipping rejected arrivals) and update both trees.
-
-    Called, not inlined: inlined into :func:`simulate_core`, its array arguments became aliases that numba
-    reference-counts (an atomic update each) on every call, which took half the loop's time."""
+    """Recompute adapter ``a``'s queue head (skipping rejected arrivals) and update both trees (called, not
+    inlined: module docstring, "Speed notes")."""
     while arr_ptr[a] < arr_end[a] and state[ad_list[arr_ptr[a]]] == REJECTED:
         arr_ptr[a] += 1
     hk = INF_KEY
@@ -419,7 +421,7 @@ def simulate_core(
                 rlen = materialize(running, rlen, state, steady, g0, g, computed, ntok, blocks, last_tok, now,
                                    block_size, adapter, last_used, fast_ran, step)
                 n_steady = 0
-                cnt[:] = 0
+                cnt.fill(0)
                 hsize = 0
                 nx = 0
                 lazy = False
