@@ -7,6 +7,7 @@ import pytest
 
 from twin import Adapter, InfeasibleError, SimConfig, Workload, simulate, trace_requests
 from twin.core import EV_ADMITTED, EV_SCHEDULED, step_ms
+from twin.metrics import percentiles
 
 
 def one_adapter(rate=0.0, rank=8):
@@ -105,3 +106,15 @@ def test_overload_with_huge_queue_is_handled(make_profile):
     res = simulate(wl, prof, SimConfig(a_max=4, duration_s=300))
     assert res.arrived_requests > 500_000
     assert res.starved and res.finished_requests > 0
+
+
+@pytest.mark.parametrize("order", ["random", "ascending", "descending", "ties", "one value"])
+def test_tail_percentiles_are_numpys(order):
+    """twin.metrics.percentiles gives np.percentile's figures exactly, whatever the order of the values."""
+    rng = np.random.default_rng(len(order))
+    for n in (4096, 10_007, 60_000):
+        x = rng.exponential(1.0, n)
+        x = {"random": x, "ascending": np.sort(x), "descending": np.sort(x)[::-1].copy(), "ties": np.round(x, 1),
+             "one value": np.where(rng.random(n) < 0.002, x, 0.5)}[order]
+        for q in ([99, 99.9], 99, [90, 99.99], [50, 99]):
+            np.testing.assert_array_equal(percentiles(x, q), np.percentile(x, q))

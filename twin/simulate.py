@@ -20,6 +20,7 @@ import numpy as np
 
 from twin import core
 from twin.errors import InfeasibleError, ProfileError, WorkloadError
+from twin.metrics import percentiles
 from twin.policies.memory import kv_capacity
 from twin.profile import Profile
 from twin.states import FINISHED, REJECTED
@@ -245,10 +246,10 @@ def _summarise(profile, config, rank, kv_tokens, n_ad, req, state, first_tok, fi
     itl_mean = float((finish[done] - first_tok[done]).sum() / gaps * 1000.0) if gaps > 0 else float("nan")
     ttft_mean = float(ttft.mean()) if n_done else float("nan")
     waited = np.where(first_tok[arrived] >= 0, first_tok[arrived], t_hi) - req.arrival_s[arrived]
-    waited_p99, waited_p999 = np.percentile(waited, [99, 99.9]) * 1000.0 if n_arr else (float("nan"),) * 2
+    waited_p99, waited_p999 = percentiles(waited, [99, 99.9]) * 1000.0 if n_arr else (float("nan"),) * 2
     multi = done & (out_tok >= 2)
     tpot = (finish[multi] - first_tok[multi]) / (out_tok[multi] - 1.0) * 1000.0
-    ttft_p50, ttft_p99 = np.percentile(ttft, [50, 99]) if n_done else (float("nan"),) * 2
+    ttft_p50, ttft_p99 = (np.percentile(ttft, 50), percentiles(ttft, 99)) if n_done else (float("nan"),) * 2
     ttft_study = ((ttft.sum() + (n_arr - n_done) * window * 1000.0) / n_arr) if n_arr else float("nan")
     preemptions, loads, rejected, steps = (int(x) for x in counters[:4])
     return SimResult(
@@ -263,7 +264,7 @@ def _summarise(profile, config, rank, kv_tokens, n_ad, req, state, first_tok, fi
         ttft_ms_p50=float(ttft_p50), ttft_ms_p99=float(ttft_p99),
         ttft_ms_mean_study=float(ttft_study),
         ttft_ms_p99_all=float(waited_p99), ttft_ms_p999_all=float(waited_p999),
-        tpot_ms_p99=float(np.percentile(tpot, 99)) if tpot.size else float("nan"),
+        tpot_ms_p99=float(percentiles(tpot, 99)) if tpot.size else float("nan"),
         arrived_requests=n_arr, finished_requests=n_done, rejected_requests=rejected + too_long,
         preemptions=preemptions, adapter_loads=loads, engine_steps=steps,
         busy_fraction=float(min(1.0, busy_s / t_hi)), sim_wall_s=wall,
