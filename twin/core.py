@@ -350,6 +350,7 @@ def simulate_core(
     fast_ran = False  # a fast step ran since the requests were last made steady
     rlen = 0  # running-list length while lazy (finished requests stay in it until compacted)
     lazy = False
+    last_gap, last_bin = -1.0, 0  # the ITL bin of the last fast step's length
     slow_left = 0  # explicit steps to run before trying fast ones again
     backoff = 1
 
@@ -609,7 +610,10 @@ def simulate_core(
                                          itl_hist, n_hist, done_at, state, finish, done_j, trace, trace_cap, tr_i)
         if lazy:
             if n_steady > 0:
-                itl_hist[_itl_bin(t_end - now, n_hist)] += n_steady
+                if t_end - now != last_gap:  # consecutive fast steps often last exactly as long
+                    last_gap = t_end - now
+                    last_bin = _itl_bin(last_gap, n_hist)
+                itl_hist[last_bin] += n_steady
             while hsize > 0 and hk[0] <= g:  # steady requests that sampled their last token
                 r = hr[0]
                 hsize = heap_pop(hk, hr, hsize)

@@ -130,8 +130,9 @@ class PoissonArrivals:
     def adapter_times(self, rate: float, duration: float, rng: np.random.Generator) -> np.ndarray:
         if rate <= 0:
             return np.empty(0)
-        count = rng.poisson(rate * duration)
-        return np.sort(rng.uniform(0.0, duration, count))
+        times = rng.uniform(0.0, duration, rng.poisson(rate * duration))
+        times.sort()
+        return times
 
 
 @dataclass(frozen=True)
@@ -236,9 +237,9 @@ def draw_requests(
     """Draw one run's requests from the workload's per-adapter arrival processes (single-turn, or the
     turns of ``conversations``)."""
     rng = np.random.default_rng(seed)
-    times, ads, convs = [], [], []
+    times, convs = [], []
     n_conv = 0
-    for i, a in enumerate(workload.adapters):
+    for a in workload.adapters:
         if conversations is None:
             t = arrivals.adapter_times(a.rate_rps, duration_s, rng)
         else:
@@ -247,9 +248,8 @@ def draw_requests(
             convs.append(c + n_conv)
             n_conv += starts.shape[0]
         times.append(t)
-        ads.append(np.full(t.shape[0], i, np.int64))
     arrival = np.concatenate(times) if times else np.empty(0)
-    adapter = np.concatenate(ads) if ads else np.empty(0, np.int64)
+    adapter = np.repeat(np.arange(len(times), dtype=np.int64), [t.shape[0] for t in times])
     order = np.argsort(arrival, kind="stable")
     arrival, adapter = arrival[order], adapter[order]
     mean_in = np.array([a.input_tokens or default_input_tokens for a in workload.adapters])[adapter]
