@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from twin import Adapter, InfeasibleError, SimConfig, Workload, simulate, trace_requests
+from twin import Adapter, InfeasibleError, SimConfig, Workload, draw_requests, simulate, trace_requests
 from twin.core import EV_ADMITTED, EV_SCHEDULED, step_ms
 from twin.metrics import percentiles
 
@@ -118,3 +118,21 @@ def test_tail_percentiles_are_numpys(order):
              "one value": np.where(rng.random(n) < 0.002, x, 0.5)}[order]
         for q in ([99, 99.9], 99, [90, 99.99], [50, 99]):
             np.testing.assert_array_equal(percentiles(x, q), np.percentile(x, q))
+
+
+def test_requests_arriving_together_keep_adapter_order():
+    """Equal arrival times (an arrival process on a grid) are ordered by adapter, as a stable sort orders them."""
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class Grid:  # every adapter's requests at the same whole seconds
+        name: str = "grid"
+
+        def adapter_times(self, rate, duration, rng):
+            return np.arange(0.0, duration, 1.0 / rate)
+
+    wl = Workload(tuple(Adapter(f"a{i}", 8, 2.0) for i in range(5)))
+    req = draw_requests(wl, 30.0, seed=0, arrivals=Grid())
+    assert np.all(np.diff(req.arrival_s) >= 0)
+    same = np.flatnonzero(np.diff(req.arrival_s) == 0)
+    assert same.size > 200 and np.all(req.adapter[same] < req.adapter[same + 1])
