@@ -25,11 +25,11 @@ GPU adapter slots are an LRU of ``a_max`` entries, touched every step by every a
 batch; a miss pays the adapter's load latency inside the step (serially, as vLLM loads inline).
 
 Fast steps (:mod:`twin.steady_decode`): while every running request is scheduled in full (the last one
-possibly cut by the budget) and granted its blocks, the requests that only decode advance implicitly, so a step costs O(requests that arrive,
-prefill or finish) rather than O(batch) (2.4x on a light simulated hour). A step where that does not hold runs
-the explicit loop below; after it the loop waits 1, 2, 4 ... 64 explicit steps before trying again, so
-deep overload pays next to nothing for the check. A trace keeps the loop explicit. Results are
-identical either way (tests/test_twin_steady_decode.py).
+possibly cut by the budget) and granted its blocks, the requests that only decode advance implicitly, so a
+step costs O(requests that arrive, prefill or finish) rather than O(batch) (2.4x on a light simulated hour).
+A step where that does not hold runs the explicit loop below; after it the loop waits 1, 2, 4 ... 64
+explicit steps before trying again, so deep overload pays next to nothing for the check. A trace keeps the
+loop explicit. Results are identical either way (tests/test_twin_steady_decode.py).
 
 Speed notes (``benchmarks/speed/twin_speed.py``): numba's ``inline="always"`` inlines at its IR level, and
 in this large loop that is sometimes much slower than a plain call; each helper keeps the form that
