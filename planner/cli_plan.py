@@ -171,6 +171,7 @@ def evaluate(placement_file, workload, profile_id, duration, seed, load, arrival
     """
     from planner.evaluate import evaluate_placement, judging_run, plan_bar
     from planner.placement import read_placement
+    from planner.verdict import bounds_words
     from planner.workload_csv import read_workload
     from twin import InfeasibleError, UnpredictableArrivals, load_profile
     from twin.policies.spec import policy_label
@@ -192,10 +193,7 @@ def evaluate(placement_file, workload, profile_id, duration, seed, load, arrival
         if spec is not None:
             click.echo(f"serving policy {policy_label(ev.policy)}")
         seeds = f"seed {seed}" + ("" if run.second_seed is None else f", then {run.second_seed} if it passes")
-        if run.tail_factor is not None and bar.max_ttft_s is not None:
-            seeds += f", p99.9 TTFT within {run.tail_factor:g}x the limit"
-        if run.tpot_factor is not None and bar.max_tpot_ms is not None:
-            seeds += f", p99 TPOT within {run.tpot_factor:.0%} of the limit"
+        seeds += bounds_words(run.tail_factor, run.tpot_factor, bar.max_ttft_s, bar.max_tpot_ms)
         click.echo(f"each GPU must: {bar.describe()} (twin: {run.describe_length()}, {seeds}, "
                    f"{'the traffic itself' if run.load == 1.0 else f'{run.load:g} x the traffic'}"
                    f"{', more where request sizes vary' if run.size_scaled and run.load > 1.0 else ''})")

@@ -8,7 +8,7 @@ from collections import Counter
 from pathlib import PurePosixPath
 
 from planner.placement import InstancePlan, Placement
-from planner.verdict import run_length_words
+from planner.verdict import bounds_words, run_length_words
 from planner.workload_csv import printable
 from twin.policies.spec import policy_label
 
@@ -53,10 +53,7 @@ def slo_line(c: dict) -> str:
             line += " (more where request sizes vary)"
     if c.get("second_seed") is not None:
         line += f", seed {c['seed']} and again {c['second_seed']}"
-    if c.get("tail_factor") is not None and c.get("max_ttft_s") is not None:
-        line += f", p99.9 TTFT within {c['tail_factor']:g}x the limit"
-    if c.get("tpot_factor") is not None and c.get("max_tpot_ms") is not None:
-        line += f", p99 TPOT within {c['tpot_factor']:.0%} of the limit"
+    line += bounds_words(c.get("tail_factor"), c.get("tpot_factor"), c.get("max_ttft_s"), c.get("max_tpot_ms"))
     if c.get("slowdown", 1.0) > 1.0:
         line += f", on a GPU {c['slowdown'] - 1:.0%} slower than the profile: its safety margin"
     return line + ")"

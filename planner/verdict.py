@@ -337,6 +337,17 @@ class TwinRun:
                    else {})}
 
 
+def bounds_words(tail_factor: float | None, tpot_factor: float | None, max_ttft_s: float | None,
+                 max_tpot_ms: float | None) -> str:
+    """A judging run's bounds in words (", p99.9 TTFT within 5x the limit, ..."), for the limits the SLO has."""
+    words = ""
+    if tail_factor is not None and max_ttft_s is not None:
+        words += f", p99.9 TTFT within {tail_factor:g}x the limit"
+    if tpot_factor is not None and max_tpot_ms is not None:
+        words += f", p99 TPOT within {tpot_factor:.0%} of the limit"
+    return words
+
+
 def run_length_words(duration_s: float, min_requests: float = 0.0, max_duration_s: float | None = None,
                      unit: str = "s") -> str:
     """How long a judging run lasts, in words (``unit`` follows the first duration: "s of Poisson arrivals")."""
