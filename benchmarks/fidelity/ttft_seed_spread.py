@@ -39,9 +39,13 @@ ROOT = Path(__file__).resolve().parents[2]
 def other_hour(placement, wl, profile, bar, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Per GPU: whether it misses the SLO in the hour of arrival ``seed``, and its p99 TPOT there."""
     ev = evaluate_placement(placement, wl, profile, bar, TwinRun(seed=seed, load=1.0, jobs=2, second_seed=None))
-    tpot = [np.nan if i.figures is None or i.figures["tpot_ms_p99"] is None else i.figures["tpot_ms_p99"]
-            for i in ev.instances]
-    return np.array([not i.ok for i in ev.instances]), np.array(tpot, float)
+    return np.array([not i.ok for i in ev.instances]), figure(ev.instances, "figures", "tpot_ms_p99")
+
+
+def figure(instances, record: str, key: str) -> np.ndarray:
+    """Each instance's ``key`` of its ``record`` (``figures`` of an evaluation, ``twin`` of a plan); NaN where none."""
+    values = [getattr(i, record) or {} for i in instances]
+    return np.array([np.nan if v.get(key) is None else v[key] for v in values], float)
 
 
 def case(family: str, n: int, seed: int, hours: int, profile_id: str, plan_args: list[str], work: Path) -> dict:
@@ -59,12 +63,10 @@ def case(family: str, n: int, seed: int, hours: int, profile_id: str, plan_args:
     hours_run = [other_hour(placement, wl, profile, bar, s) for s in range(1, hours + 1)]
     other = np.array([m for m, _ in hours_run])
     fails = other.any(axis=0)
-    judged = np.array([np.nan if i.twin is None or i.twin.get("tpot_ms_p99") is None else i.twin["tpot_ms_p99"]
-                       for i in placement.instances], float)
+    judged = figure(placement.instances, "twin", "tpot_ms_p99")
     ratio = np.nanmax([t for _, t in hours_run], axis=0) / judged
     ratio = ratio[np.isfinite(ratio)]
-    limit = np.array([np.nan if i.twin is None or i.twin.get("max_tpot_ms") is None else i.twin["max_tpot_ms"]
-                      for i in placement.instances], float)
+    limit = figure(placement.instances, "twin", "max_tpot_ms")
     return {"family": family, "seed": seed, "gpus": len(fails), "gpus_missing_some_hour": int(fails.sum()),
             "gpu_hours_missed": int(other.sum()), "gpu_hours": int(other.size),
             "judged_tpot_over_limit_max": round(float(np.nanmax(judged / limit)), 4),
