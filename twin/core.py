@@ -89,6 +89,13 @@ def step_ms(lat, b, prompt_tokens, n_adapters):
     return ms
 
 
+@nb.njit(cache=True, inline="always")
+def _blocks_short(tokens, blocks, block_size):
+    """The KV blocks a request holding ``blocks`` lacks for ``tokens`` computed tokens."""
+    need = tokens - blocks * block_size
+    return (need + block_size - 1) // block_size if need > 0 else 0
+
+
 @nb.njit(cache=True)
 def scheduler_ms(sched, n_running, n_waiting, a_max):
     """Scheduler overhead (ms) of one step."""
@@ -412,12 +419,8 @@ def simulate_core(
                 if demand - rest < max_batched and running[last] == r:
                     cut = max_batched - (demand - rest)
                     demand = max_batched
-                    need = computed[r] + rest - blocks[r] * block_size
-                    if need > 0:
-                        need_blocks -= (need + block_size - 1) // block_size
-                    need = computed[r] + cut - blocks[r] * block_size
-                    if need > 0:
-                        need_blocks += (need + block_size - 1) // block_size
+                    need_blocks += (_blocks_short(computed[r] + cut, blocks[r], block_size)
+                                    - _blocks_short(computed[r] + rest, blocks[r], block_size))
             if demand > max_batched or need_blocks > free_blocks:
                 rlen = materialize(running, rlen, state, steady, g0, g, computed, ntok, blocks, last_tok, now,
                                    block_size, adapter, last_used, fast_ran, step)
