@@ -251,9 +251,10 @@ def draw_requests(
     arrival = np.concatenate(times) if times else np.empty(0)
     adapter = np.repeat(np.arange(len(times), dtype=np.int64), [t.shape[0] for t in times])
     order = np.argsort(arrival)  # NumPy's vectorised sort, several times faster than its stable one
-    if np.any(np.diff(arrival[order]) == 0):  # equal times, where only a stable sort keeps adapter order
+    ordered = arrival[order]
+    if np.any(np.diff(ordered) == 0):  # equal times, where only a stable sort keeps adapter order
         order = np.argsort(arrival, kind="stable")
-    arrival, adapter = arrival[order], adapter[order]
+    arrival, adapter = ordered, adapter[order]
     mean_in = np.array([a.input_tokens or default_input_tokens for a in workload.adapters])[adapter]
     mean_out = np.array([a.output_tokens or default_output_tokens for a in workload.adapters])[adapter]
     ins = lengths.draw(mean_in, lengths.input_cv, rng)
