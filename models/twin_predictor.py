@@ -8,7 +8,7 @@ import multiprocessing
 import os
 import signal
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from functools import partial
 
@@ -58,26 +58,59 @@ class TwinPredictor:
         one = partial(_simulate, self.profile.slowed(self.slowdown), self.duration_s, self.seed, self.policy,
                       self.arrivals, self.min_requests, self.max_duration_s)
         if self.jobs > 1 and n > 1:
-            pool = worker_pool(self.jobs)
-            try:
-                out = self._collect(pool.map(one, scenarios, chunksize=max(1, n // (8 * self.jobs))), n)
-            except BaseException:  # Ctrl-C or an error: drop the queued scenarios instead of finishing them
-                close_worker_pool(kill=True)
-                raise
+            out = self._in_workers(one, scenarios)
         else:
-            out = self._collect(map(one, scenarios), n)
+            out = []
+            for sc in scenarios:
+                out.append(one(sc))
+                self._advance(len(out), n)
         res = np.array(out, float).reshape(n, 6)
         thr, arriving = res[:, 0] / extra, res[:, 1] / extra  # per the traffic asked about
         return Predictions(thr, thr < STARVATION_THRESHOLD * arriving, arriving, res[:, 2].copy(), res[:, 3].copy(),
                            res[:, 4].copy(), res[:, 5].copy())
 
-    def _collect(self, results, n: int) -> list:
-        out = []
-        for row in results:
-            out.append(row)
-            if self.progress:
-                self.progress(len(out), n)
+    def _in_workers(self, one: Callable, scenarios: Sequence[GpuScenario]) -> list:
+        """``one`` of each scenario, in the worker pool: the costliest first (by expected requests), in chunks
+        that shrink as the work left does, so no worker waits long for another at the end."""
+        n = len(scenarios)
+        cost = np.array([float(np.sum(sc.rates_rps)) * scenario_duration_s(sc, self.duration_s, self.min_requests,
+                                                                             self.max_duration_s) for sc in scenarios])
+        order = np.argsort(-cost, kind="stable")
+        pool = worker_pool(self.jobs)
+        out: list = [None] * n
+        try:
+            pending = {pool.submit(_simulate_each, one, [scenarios[i] for i in chunk]): chunk
+                       for chunk in guided_chunks(order, self.jobs)}
+            done = 0
+            for fut in as_completed(pending):
+                for i, row in zip(pending[fut], fut.result()):
+                    out[i] = row
+                done += len(pending[fut])
+                self._advance(done, n)
+        except BaseException:  # Ctrl-C or an error: drop the queued scenarios instead of finishing them
+            close_worker_pool(kill=True)
+            raise
         return out
+
+    def _advance(self, done: int, n: int) -> None:
+        if self.progress:
+            self.progress(done, n)
+
+
+def guided_chunks(order: np.ndarray, jobs: int) -> list[np.ndarray]:
+    """``order`` cut into consecutive chunks of a quarter of the work left per worker (at least one item):
+    few chunks to send, and small ones last."""
+    chunks, start, n = [], 0, len(order)
+    while start < n:
+        size = max(1, (n - start) // (4 * jobs))
+        chunks.append(order[start:start + size])
+        start += size
+    return chunks
+
+
+def _simulate_each(one: Callable, scenarios: list[GpuScenario]) -> list[tuple[float, ...]]:
+    """``one`` of each scenario (a module function: it goes to worker processes)."""
+    return [one(sc) for sc in scenarios]
 
 
 _POOL: dict[int, ProcessPoolExecutor] = {}

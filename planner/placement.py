@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -87,7 +87,7 @@ class Placement:
         routes = self.routes()
         instances = []
         for inst in self.instances:
-            d = asdict(inst)
+            d = {f.name: getattr(inst, f.name) for f in fields(inst)}  # shallow: json_safe copies the rest
             d["adapters"] = [{"adapter_id": a, "share": round(s, SHARE_DECIMALS)} for a, s in inst.adapters.items()]
             d["memory_ok"] = inst.memory_ok
             d["engine_args"] = self.engine_args(inst)

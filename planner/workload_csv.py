@@ -144,6 +144,7 @@ def read_workload(path: str | os.PathLike, profile: Profile | None = None) -> Wo
     col = {c: i for i, c in enumerate(header)}
     adapters: list[Adapter] = []
     seen: dict[str, int] = {}
+    servable: set[int] = set()  # ranks the profile serves, checked once each
     for lineno, row in rows[1:]:
         if not row or all(not c.strip() for c in row):
             continue
@@ -155,9 +156,10 @@ def read_workload(path: str | os.PathLike, profile: Profile | None = None) -> Wo
             raise _fail(path, lineno, "adapter_id", f"'{aid}' already appears on line {seen[aid]}; ids must be unique")
         seen[aid] = lineno
         rank = int(_number(path, lineno, "rank", get["rank"], integer=True))
-        if profile is not None and profile.kv.rank_for(rank) is None:
+        if profile is not None and rank not in servable and profile.kv.rank_for(rank) is None:
             raise _fail(path, lineno, "rank", f"{rank} cannot be served by profile {profile.profile_id} "
                         f"(largest profiled max_lora_rank: {max(profile.kv.lora_ranks)})")
+        servable.add(rank)
         rate = _number(path, lineno, "rate_rps", get["rate_rps"])
         optional = {c: _number(path, lineno, c, get[c]) if get.get(c) else None
                     for c in ("input_tokens", "output_tokens", "max_ttft_s", "max_tpot_ms")}
@@ -222,12 +224,13 @@ def _number(path, line, column, text, integer=False) -> float:
     """A number of ``column`` in plain notation, finite and within :data:`BOUNDS`."""
     lo, hi, what = BOUNDS[column]
     grammar = INTEGER if integer else NUMBER
-    shown = text.encode("unicode_escape").decode("ascii")[:40]
     if grammar.fullmatch(text) is None:
+        shown = text.encode("unicode_escape").decode("ascii")[:40]
         kind = "an integer" if integer else "a number"
         raise _fail(path, line, column, f"'{shown}' is not {kind} in plain notation ({what}, e.g. "
                     f"{'16' if integer else '0.25 or 2.5e-3'})")
     v = float(text)
     if not (math.isfinite(v) and lo <= v <= hi):
+        shown = text.encode("unicode_escape").decode("ascii")[:40]
         raise _fail(path, line, column, f"{shown} is out of range ({what}, {lo:g} to {hi:g})")
     return v

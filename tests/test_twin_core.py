@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from twin import Adapter, InfeasibleError, SimConfig, Workload, draw_requests, simulate, trace_requests
+from twin import Adapter, InfeasibleError, SimConfig, Workload, core, draw_requests, simulate, trace_requests
 from twin.core import EV_ADMITTED, EV_SCHEDULED, step_ms
 from twin.metrics import percentiles
 
@@ -108,16 +108,31 @@ def test_overload_with_huge_queue_is_handled(make_profile):
     assert res.starved and res.finished_requests > 0
 
 
-@pytest.mark.parametrize("order", ["random", "ascending", "descending", "ties", "one value"])
-def test_tail_percentiles_are_numpys(order):
+@pytest.mark.parametrize("order", ["random", "ascending", "descending", "ties", "one value", "all equal"])
+def test_percentiles_are_numpys(order):
     """twin.metrics.percentiles gives np.percentile's figures exactly, whatever the order of the values."""
     rng = np.random.default_rng(len(order))
     for n in (4096, 10_007, 60_000):
         x = rng.exponential(1.0, n)
         x = {"random": x, "ascending": np.sort(x), "descending": np.sort(x)[::-1].copy(), "ties": np.round(x, 1),
-             "one value": np.where(rng.random(n) < 0.002, x, 0.5)}[order]
-        for q in ([99, 99.9], 99, [90, 99.99], [50, 99]):
+             "one value": np.where(rng.random(n) < 0.002, x, 0.5), "all equal": np.full(n, 0.25)}[order]
+        for q in ([99, 99.9], 99, [90, 99.99], [50, 99], 50, 37.3, [25, 75], 0, 100):
             np.testing.assert_array_equal(percentiles(x, q), np.percentile(x, q))
+
+
+def test_itl_bins_searched_from_edges_are_the_formulas():
+    """The engine loops bin each inter-token gap by walking core.itl_bin_edges from the last step's bin: the
+    same bins as core.itl_bin_of, at and beside every edge and for gaps of any size in any order."""
+    edges = core.itl_edges()
+    n_hist = edges.shape[0] - 2
+    rng = np.random.default_rng(5)
+    beside = [np.nextafter(edges[1:], -np.inf), edges[1:], np.nextafter(edges[1:], np.inf)]
+    wide = 10.0 ** rng.uniform(-9, 6, 20_000)
+    for gaps in (*beside, wide, np.sort(wide), np.array([0.0, -1.0, 5e-324, 1e-300, 1e299])):
+        b = 0
+        for g in gaps:
+            b = core.itl_bin(g, edges, b)
+            assert b == core.itl_bin_of(g, n_hist), g
 
 
 def test_requests_arriving_together_keep_adapter_order():

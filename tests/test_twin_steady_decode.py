@@ -125,8 +125,8 @@ def test_fast_steps_match_the_explicit_loop_on_random_engines():
     fast_steps = 0
     for _ in range(300):
         args = _random_core_args(rng)
-        fast = core.simulate_core(*args, 0)
-        _assert_same(fast, core.simulate_core(*args, 1))
+        fast = core.simulate_core(*args, 0, core.itl_edges())
+        _assert_same(fast, core.simulate_core(*args, 1, core.itl_edges()))
         fast_steps += fast[4][6]
     assert fast_steps > 10_000
 

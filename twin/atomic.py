@@ -108,10 +108,12 @@ def write_json_atomic(path: str | os.PathLike, obj: Any, one_per_line: bool = Fa
     write_atomic(path, fill)
 
 
-def _write_one_per_line(text: io.TextIOWrapper, obj: dict) -> None:
-    def dumps(value: Any) -> str:
-        return json.dumps(value, allow_nan=False)
+#: Compact JSON of one value, refusing NaN and infinities (one encoder for the many entries of a plan).
+_COMPACT = json.JSONEncoder(allow_nan=False)
 
+
+def _write_one_per_line(text: io.TextIOWrapper, obj: dict) -> None:
+    dumps = _COMPACT.encode
     text.write("{")
     for n, (key, value) in enumerate(obj.items()):
         text.write(f"{',' if n else ''}\n {dumps(key)}: ")

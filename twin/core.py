@@ -42,6 +42,8 @@ should call ``NRT_incref``/``NRT_decref`` only on entry and exit.
 
 from __future__ import annotations
 
+import functools
+
 import numba as nb
 import numpy as np
 
@@ -73,10 +75,55 @@ def _tree_update(keys, idxs, size, a, key):
         pos >>= 1
 
 
-@nb.njit(cache=True, inline="always")
-def _itl_bin(gap_s, n_hist):
+@nb.njit(cache=True)
+def itl_bin_of(gap_s, n_hist):
+    """The ITL histogram's bin of a gap of ``gap_s``: bin k >= 1 holds the gaps of
+    [10^(LO + (k-1)/BPD), 10^(LO + k/BPD)) ms, bin 0 and bin ``n_hist + 1`` the gaps below and above."""
     x = np.log10(gap_s * 1000.0) if gap_s > 0 else ITL_HIST_LO - 1
     return min(max(int((x - ITL_HIST_LO) * ITL_HIST_BINS_PER_DECADE) + 1, 0), n_hist + 1)
+
+
+@nb.njit(cache=True)
+def itl_bin_edges(n_hist):
+    """``edges[k]``: the shortest gap (s) :func:`itl_bin_of` puts in bin k or above (k >= 1; ``edges[0]`` is
+    -inf), found by bisecting over the gaps' bit patterns (positive doubles order as their bits), so a
+    search over the edges gives :func:`itl_bin_of`'s bins exactly without a logarithm per step."""
+    edges = np.empty(n_hist + 2)
+    edges[0] = -np.inf
+    gap = np.empty(1)
+    bits = gap.view(np.int64)
+    gap[0] = 1e300  # far above the top bin
+    top = bits[0]
+    lo = 0  # the bits of 0.0: bin 0
+    for k in range(1, n_hist + 2):
+        hi = top  # itl_bin_of(lo) < k <= itl_bin_of(hi)
+        while hi - lo > 1:
+            bits[0] = lo + (hi - lo) // 2
+            if itl_bin_of(gap[0], n_hist) >= k:
+                hi = bits[0]
+            else:
+                lo = bits[0]
+        bits[0] = hi
+        edges[k] = gap[0]
+    return edges
+
+
+@functools.cache
+def itl_edges() -> np.ndarray:
+    """The ITL histogram's :func:`itl_bin_edges` (computed once per process, in about a millisecond)."""
+    return itl_bin_edges(ITL_HIST_BINS_PER_DECADE * ITL_HIST_DECADES)
+
+
+@nb.njit(cache=True)
+def itl_bin(gap_s, edges, b):
+    """The bin of ``gap_s`` (:func:`itl_bin_of`), walked to from bin ``b``: a step lasts about as long as the
+    last one, so this takes a comparison or two where a logarithm took tens of nanoseconds."""
+    top = edges.shape[0] - 1
+    while b < top and gap_s >= edges[b + 1]:
+        b += 1
+    while b > 0 and gap_s < edges[b]:
+        b -= 1
+    return b
 
 
 @nb.njit(cache=True)
@@ -180,12 +227,14 @@ def batch_shape(sched_req, sched_tok, nsched, computed, ntok, in_len, adapter, b
 
 @nb.njit(cache=True)
 def apply_step_output(sched_req, sched_tok, nsched, now, t_end, computed, ntok, first_tok, last_tok, itl_hist,
-                      n_hist, done_at, state, finish, done_j, trace, trace_cap, tr_i):
+                      itl_edges, step_bin, done_at, state, finish, done_j, trace, trace_cap, tr_i):
     """Apply one step's output: computed tokens, sampled tokens (latencies, ITL histogram) and finished
     requests (marked FINISHED, their batch positions listed in ``done_j``, freed by the caller).
-    Returns (number of finished requests, new trace length)."""
+    Returns (number of finished requests, new trace length, tokens that follow one of the previous step):
+    the caller bins those gaps (each ``t_end - now``) at once; ``step_bin``, the last step's bin, is where
+    the search for the bin of any other gap starts."""
     n_done = 0
-    n_step_gaps = 0  # tokens that follow one from the previous step (gap == t_end - now): binned once
+    n_step_gaps = 0
     for j in range(nsched):
         r = sched_req[j]
         computed[r] += sched_tok[j]
@@ -197,7 +246,7 @@ def apply_step_output(sched_req, sched_tok, nsched, now, t_end, computed, ntok, 
             elif prev == now:
                 n_step_gaps += 1
             else:
-                itl_hist[_itl_bin(t_end - prev, n_hist)] += 1
+                itl_hist[itl_bin(t_end - prev, itl_edges, step_bin)] += 1
             last_tok[r] = t_end
             if ntok[r] >= done_at[r]:
                 state[r] = FINISHED
@@ -205,9 +254,7 @@ def apply_step_output(sched_req, sched_tok, nsched, now, t_end, computed, ntok, 
                 done_j[n_done] = j
                 n_done += 1
                 tr_i = trace_event(trace, trace_cap, tr_i, now, r, 0, EV_FINISHED)
-    if n_step_gaps > 0:
-        itl_hist[_itl_bin(t_end - now, n_hist)] += n_step_gaps
-    return n_done, tr_i
+    return n_done, tr_i, n_step_gaps
 
 
 @nb.njit(cache=True)
@@ -281,6 +328,7 @@ def simulate_core(
     max_in_flight,  # client-side cap on requests in flight (0 = none)
     ts_dt,  # time-series sampling period, s (0 = off)
     trace_cap,  # capacity of the step-event trace (0 = off)
+    itl_edges,  # the ITL histogram's bin edges (itl_bin_edges)
 ):
     n = arrival.shape[0]
     na = ad_start.shape[0] - 1
@@ -324,7 +372,6 @@ def simulate_core(
     # on each of the many per-request array accesses of a step: about 1.3x on the whole loop.
     running = running.view(np.uint64)
     sched_req = sched_req.view(np.uint64)
-    n_hist = itl_hist.shape[0] - 2
     n_ts = ts.shape[0]
     ts_i = 0
     next_ts = 0.0
@@ -357,7 +404,7 @@ def simulate_core(
     fast_ran = False  # a fast step ran since the requests were last made steady
     rlen = 0  # running-list length while lazy (finished requests stay in it until compacted)
     lazy = False
-    last_gap, last_bin = -1.0, 0  # the ITL bin of the last fast step's length
+    step_bin = 0  # the ITL bin of the last step's length
     slow_left = 0  # explicit steps to run before trying fast ones again
     backoff = 1
 
@@ -609,14 +656,15 @@ def simulate_core(
             tr_i = trace_scheduled(trace, trace_cap, tr_i, now, sched_req, sched_tok, nsched, n_sched_running)
 
         # 5. Apply the step's output: computed tokens, sampled tokens, finished requests (freed below).
-        n_done, tr_i = apply_step_output(sched_req, sched_tok, nsched, now, t_end, computed, ntok, first_tok, last_tok,
-                                         itl_hist, n_hist, done_at, state, finish, done_j, trace, trace_cap, tr_i)
+        n_done, tr_i, n_gaps = apply_step_output(sched_req, sched_tok, nsched, now, t_end, computed, ntok, first_tok,
+                                                 last_tok, itl_hist, itl_edges, step_bin, done_at, state, finish,
+                                                 done_j, trace, trace_cap, tr_i)
         if lazy:
-            if n_steady > 0:
-                if t_end - now != last_gap:  # consecutive fast steps often last exactly as long
-                    last_gap = t_end - now
-                    last_bin = _itl_bin(last_gap, n_hist)
-                itl_hist[last_bin] += n_steady
+            n_gaps += n_steady
+        if n_gaps > 0:  # tokens that follow one from the last step, each after a gap of this step's length
+            step_bin = itl_bin(t_end - now, itl_edges, step_bin)
+            itl_hist[step_bin] += n_gaps
+        if lazy:
             while hsize > 0 and hk[0] <= g:  # steady requests that sampled their last token
                 r = hr[0]
                 hsize = heap_pop(hk, hr, hsize)

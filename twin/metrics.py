@@ -1,7 +1,8 @@
-"""SMAPE, the error measure every stage reports (DESIGN.md: with the factor 2), and the twin's tail percentiles."""
+"""SMAPE, the error measure every stage reports (DESIGN.md: with the factor 2), and the twin's percentiles."""
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import numpy as np
@@ -51,29 +52,43 @@ def smape_within_groups(pred, real, groups) -> float:
     return smape(pred[keep] / scale, real[keep])
 
 
-#: Below this many values, or for a percentile under TOP_PERCENTILE, :func:`percentiles` is NumPy's own.
-FAST_PERCENTILE_MIN_N, TOP_PERCENTILE = 4096, 90.0
+#: Below this many values :func:`percentiles` is NumPy's own.
+FAST_PERCENTILE_MIN_N = 4096
+#: One value in this many is sampled to bracket the order statistics a percentile needs.
+SAMPLE_STRIDE = 16
 
 
 def percentiles(x: np.ndarray, q) -> np.ndarray:
-    """``np.percentile(x, q)`` (linear interpolation) of finite values, the same figures, faster for tail
-    percentiles of long arrays: the two order statistics each needs are among the top few values, which one
-    threshold (from every 16th value) picks out, so only those are sorted rather than all of ``x``
-    partitioned. A twin run takes three of these per simulated GPU."""
+    """``np.percentile(x, q)`` (linear interpolation) of finite values, the same figures, faster for long arrays:
+    the two order statistics each percentile needs lie between two thresholds read off every 16th value, so
+    only the values between them are sorted rather than all of ``x`` partitioned (a twin run takes four of
+    these per simulated GPU; for a p99, only the top few values are sorted)."""
     q = np.asarray(q, np.float64)
     n = x.shape[0]
-    if n < FAST_PERCENTILE_MIN_N or q.min() < TOP_PERCENTILE:
+    if n < FAST_PERCENTILE_MIN_N:
         return np.percentile(x, q)
     index = (n - 1) * (q / 100.0)  # NumPy's virtual index of the linear method
     below = np.floor(index).astype(np.intp)
-    top_n = n - int(below.min())  # the values whose ranks are needed: the top_n largest
-    sample = x[::16]
-    k = max(0, sample.shape[0] - 2 * (top_n // 16) - 16)  # a threshold with about twice top_n values above it
-    top = x[x >= np.partition(sample, k)[k]]
-    if top.shape[0] < top_n:  # too few above it (values in a strange order): take NumPy's way
-        return np.percentile(x, q)
-    top.sort()
-    lo, hi = top[below - n + top.shape[0]], top[below + 1 - n + top.shape[0]]
+    above = np.minimum(below + 1, n - 1)
+    first, last = int(below.min()), int(above.max())
+    sample = x[::SAMPLE_STRIDE]
+    m = sample.shape[0]
+    # sample ranks around the needed ones, with a margin of many standard deviations of a sample rank
+    margin = 4.0 * math.sqrt(m) + 16
+    k_lo, k_hi = math.floor(first * m / n - margin), math.ceil(last * m / n + margin)
+    if k_hi >= m:  # a tail percentile: every value from a threshold up
+        lo_t = np.partition(sample, max(k_lo, 0))[max(k_lo, 0)]
+        mid = x[x >= lo_t]
+        n_under = n - mid.shape[0]
+    else:
+        part = np.partition(sample, [max(k_lo, 0), k_hi])
+        lo_t, hi_t = part[max(k_lo, 0)], part[k_hi]
+        mid = x[(x >= lo_t) & (x <= hi_t)]
+        n_under = int(np.count_nonzero(x < lo_t))
+    if not (n_under <= first and last < n_under + mid.shape[0]):  # thresholds missed (a strange order of
+        return np.percentile(x, q)  # values): NumPy's way
+    mid.sort()
+    lo, hi = mid[below - n_under], mid[above - n_under]
     gamma = index - below
     diff = hi - lo  # NumPy's _lerp: from the nearer end
     return np.where(gamma >= 0.5, hi - diff * (1 - gamma), lo + diff * gamma)

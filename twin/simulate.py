@@ -16,6 +16,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numba
 import numpy as np
 
 from twin import core
@@ -186,7 +187,7 @@ def simulate(
         float(config.duration_s), int(config.a_max), int(usable_blocks), int(eng.block_size),
         int(eng.max_num_batched_tokens), int(eng.max_num_seqs),
         eng.admission_rule == "full_prompt", lat, sched,
-        int(config.max_in_flight), float(config.timeseries_dt_s), int(config.trace_events),
+        int(config.max_in_flight), float(config.timeseries_dt_s), int(config.trace_events), core.itl_edges(),
     )
     wall = time.perf_counter() - t0
     return _summarise(profile, config, rank, kv_tokens, n_ad, requests, *_restore(out, too_long), int(too_long.sum()),
@@ -225,31 +226,52 @@ def _percentile_from_hist(hist: np.ndarray, q: float) -> float:
     return float(10.0 ** x)
 
 
+@numba.njit(cache=True)
+def request_outcomes(arrival, state, first_tok, finish, in_len, out_len, t_lo, t_hi):
+    """One pass over the requests. Of those that finished in [t_lo, t_hi]: their prompt and output tokens (sums),
+    TTFT (ms), first-to-last token time (s), and TPOT (ms) where they have two tokens or more. Of those that
+    arrived in [t_lo, t_hi): their tokens (sum) and how long each waited for a first token (until ``t_hi`` if
+    none). Lists keep request order, and token sums are exact integers, so the figures are NumPy's over
+    masked arrays to the last bit."""
+    n = arrival.shape[0]
+    ttft, span, tpot, waited = np.empty(n), np.empty(n), np.empty(n), np.empty(n)
+    in_done = out_done = tok_arr = 0
+    d = m = a = 0
+    for i in range(n):
+        if state[i] == FINISHED and t_lo <= finish[i] <= t_hi:
+            in_done += in_len[i]
+            out_done += out_len[i]
+            ttft[d] = (first_tok[i] - arrival[i]) * 1000.0
+            span[d] = finish[i] - first_tok[i]
+            d += 1
+            if out_len[i] >= 2:
+                tpot[m] = (finish[i] - first_tok[i]) / (out_len[i] - 1.0) * 1000.0
+                m += 1
+        if t_lo <= arrival[i] < t_hi:
+            tok_arr += in_len[i] + out_len[i]
+            waited[a] = (first_tok[i] if first_tok[i] >= 0 else t_hi) - arrival[i]
+            a += 1
+    return float(in_done), float(out_done), float(tok_arr), ttft[:d], span[:d], tpot[:m], waited[:a]
+
+
 def _summarise(profile, config, rank, kv_tokens, n_ad, req, state, first_tok, finish, itl_hist, counters, busy_s,
                ts, trace, too_long, wall, lengths) -> SimResult:
     t_lo, t_hi = config.warmup_s, config.duration_s
     window = t_hi - t_lo
-    arrived = (req.arrival_s >= t_lo) & (req.arrival_s < t_hi)
-    done = (state == FINISHED) & (finish <= t_hi) & (finish >= t_lo)
-    in_tok = req.input_tokens.astype(np.float64)
-    out_tok = req.output_tokens.astype(np.float64)
-    in_thr = in_tok[done].sum() / window
-    out_done = out_tok[done].sum()
-    out_thr = out_done / window
-    arriving = (in_tok[arrived].sum() + out_tok[arrived].sum()) / window
+    in_sum, out_sum, arrived_sum, ttft, span, tpot, waited = request_outcomes(
+        req.arrival_s, state, first_tok, finish, req.input_tokens, req.output_tokens, float(t_lo), float(t_hi))
+    in_thr = in_sum / window
+    out_thr = out_sum / window
+    arriving = arrived_sum / window
     total = in_thr + out_thr
-    ttft = (first_tok[done] - req.arrival_s[done]) * 1000.0
-    n_done = int(done.sum())
-    n_arr = int(arrived.sum())
+    n_done = ttft.shape[0]
+    n_arr = waited.shape[0]
     # A finished request's inter-token gaps sum to its finish minus first-token time, over (tokens - 1) gaps.
-    gaps = out_done - n_done  # output lengths are >= 1 (draw_requests, trace_requests)
-    itl_mean = float((finish[done] - first_tok[done]).sum() / gaps * 1000.0) if gaps > 0 else float("nan")
+    gaps = out_sum - n_done  # output lengths are >= 1 (draw_requests, trace_requests)
+    itl_mean = float(span.sum() / gaps * 1000.0) if gaps > 0 else float("nan")
     ttft_mean = float(ttft.mean()) if n_done else float("nan")
-    waited = np.where(first_tok[arrived] >= 0, first_tok[arrived], t_hi) - req.arrival_s[arrived]
     waited_p99, waited_p999 = percentiles(waited, [99, 99.9]) * 1000.0 if n_arr else (float("nan"),) * 2
-    multi = done & (out_tok >= 2)
-    tpot = (finish[multi] - first_tok[multi]) / (out_tok[multi] - 1.0) * 1000.0
-    ttft_p50, ttft_p99 = (np.percentile(ttft, 50), percentiles(ttft, 99)) if n_done else (float("nan"),) * 2
+    ttft_p50, ttft_p99 = (percentiles(ttft, 50), percentiles(ttft, 99)) if n_done else (float("nan"),) * 2
     ttft_study = ((ttft.sum() + (n_arr - n_done) * window * 1000.0) / n_arr) if n_arr else float("nan")
     preemptions, loads, rejected, steps = (int(x) for x in counters[:4])
     return SimResult(

@@ -100,24 +100,25 @@ class LengthModel:
             return "constant"
         return f"{self.kind} cv={self.input_cv:g}/{self.output_cv:g}"
 
-    def draw(self, mean: np.ndarray, cv: float, rng: np.random.Generator) -> np.ndarray:
+    def draw(self, mean: np.ndarray, adapter: np.ndarray, cv: float, rng: np.random.Generator) -> np.ndarray:
+        """Token counts of requests of adapters ``adapter`` (indices into ``mean``, each adapter's mean)."""
         if self.kind == "constant" or cv <= 0:
-            return np.maximum(1, np.rint(mean)).astype(np.int32)
+            return np.maximum(1, np.rint(mean)).astype(np.int32)[adapter]
         if self.kind == "lognormal":
             sigma2 = np.log1p(cv * cv)
             mu = np.log(mean) - sigma2 / 2
             # rng.lognormal(mu, sigma) draws one standard normal z per request and takes exp(mu + sigma z);
-            # drawing z here and the rest compiled gives the same tokens in a third of the time.
-            return _lognormal_tokens(mu, float(np.sqrt(sigma2)), rng.standard_normal(mu.shape[0]))
+            # drawing z here and the rest compiled gives the same tokens in a fraction of the time.
+            return _lognormal_tokens(mu, adapter, float(np.sqrt(sigma2)), rng.standard_normal(adapter.shape[0]))
         raise WorkloadError(f"unknown length model '{self.kind}' (constant, lognormal)")
 
 
 @numba.njit(cache=True)
-def _lognormal_tokens(mu, sigma, z):
-    """max(1, round(exp(mu + sigma z))) as int32: token counts of log-normal draws."""
-    out = np.empty(mu.shape[0], np.int32)
-    for i in range(mu.shape[0]):
-        out[i] = max(1.0, np.rint(np.exp(mu[i] + sigma * z[i])))
+def _lognormal_tokens(mu, adapter, sigma, z):
+    """max(1, round(exp(mu[adapter] + sigma z))) as int32: token counts of log-normal draws."""
+    out = np.empty(adapter.shape[0], np.int32)
+    for i in range(adapter.shape[0]):
+        out[i] = max(1.0, np.rint(np.exp(mu[adapter[i]] + sigma * z[i])))
     return out
 
 
@@ -255,10 +256,10 @@ def draw_requests(
     if np.any(np.diff(ordered) == 0):  # equal times, where only a stable sort keeps adapter order
         order = np.argsort(arrival, kind="stable")
     arrival, adapter = ordered, adapter[order]
-    mean_in = np.array([a.input_tokens or default_input_tokens for a in workload.adapters])[adapter]
-    mean_out = np.array([a.output_tokens or default_output_tokens for a in workload.adapters])[adapter]
-    ins = lengths.draw(mean_in, lengths.input_cv, rng)
-    outs = lengths.draw(mean_out, lengths.output_cv, rng)
+    mean_in = np.array([a.input_tokens or default_input_tokens for a in workload.adapters])
+    mean_out = np.array([a.output_tokens or default_output_tokens for a in workload.adapters])
+    ins = lengths.draw(mean_in, adapter, lengths.input_cv, rng)
+    outs = lengths.draw(mean_out, adapter, lengths.output_cv, rng)
     if conversations is None:
         return Requests(arrival, adapter, ins, outs)
     conv = np.concatenate(convs)[order]

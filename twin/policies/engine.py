@@ -60,6 +60,7 @@ from twin.core import (
     apply_step_output,
     batch_shape,
     drop_finished,
+    itl_bin,
     scheduler_ms,
     step_buffers,
     step_ms,
@@ -127,6 +128,7 @@ class Server(NamedTuple):
     max_in_flight: int  # client-side cap on requests in flight (0 = none)
     ts_dt: float  # time-series sampling period, s (0 = off)
     trace_cap: int  # capacity of the event trace (0 = off)
+    itl_edges: np.ndarray  # the ITL histogram's bin edges (twin.core.itl_bin_edges)
 
 
 class RequestState(NamedTuple):
@@ -228,6 +230,7 @@ class Outputs(NamedTuple):
     """What the run records: ITL histogram, time series, event trace and policy statistics."""
 
     itl_hist: np.ndarray
+    step_bin: np.ndarray  # [0]: the ITL bin of the last step's length
     ts: np.ndarray
     ts_i: np.ndarray  # [0]: samples taken
     next_ts: np.ndarray  # [0]: time of the next sample
@@ -516,7 +519,7 @@ def _new_loop(srv, rq, ads):
     lp = Loop(running, z.copy(), z.copy(), z.copy(), z.copy(), z.copy(), z.copy(), np.zeros(1),
               np.full(1, step_ms(srv.lat, 1.0, 0.0, 1) / 1000.0), np.zeros(1), sched_req, sched_tok, z.copy(),
               z.copy(), np.zeros(1), batch_ads, np.full(na, -1, np.int64), np.zeros(na), done_j)
-    out = Outputs(itl_hist, ts, z.copy(), np.zeros(1), trace, z.copy(), np.zeros(N_STATS))
+    out = Outputs(itl_hist, z.copy(), ts, z.copy(), np.zeros(1), trace, z.copy(), np.zeros(N_STATS))
     return new_record(lp), new_record(out)
 
 
@@ -969,10 +972,14 @@ def _apply_output(now, t_end, n_sched_running, n_kept, srv, rq, ads, pool, qs, h
     if srv.trace_cap > 0:
         out.tr_i[0] = trace_scheduled(out.trace, srv.trace_cap, out.tr_i[0], now, lp.sched_req, lp.sched_tok, nsched,
                                       n_sched_running)
-    n_done, tr_i = apply_step_output(lp.sched_req, lp.sched_tok, nsched, now, t_end, rq.computed, rq.ntok,
-                                     rq.first_tok, rq.last_tok, out.itl_hist, out.itl_hist.shape[0] - 2, rq.done_at,
-                                     rq.state, rq.finish, lp.done_j, out.trace, srv.trace_cap, out.tr_i[0])
+    n_done, tr_i, n_gaps = apply_step_output(lp.sched_req, lp.sched_tok, nsched, now, t_end, rq.computed, rq.ntok,
+                                             rq.first_tok, rq.last_tok, out.itl_hist, srv.itl_edges, out.step_bin[0],
+                                             rq.done_at, rq.state, rq.finish, lp.done_j, out.trace, srv.trace_cap,
+                                             out.tr_i[0])
     out.tr_i[0] = tr_i
+    if n_gaps > 0:
+        out.step_bin[0] = itl_bin(t_end - now, srv.itl_edges, out.step_bin[0])
+        out.itl_hist[out.step_bin[0]] += n_gaps
     if n_done > 0:
         for f in range(n_done):
             _finish(lp.sched_req[lp.done_j[f]], t_end, srv, rq, ads, pool, qs, hist, lp)

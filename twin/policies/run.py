@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from twin import core
 from twin.errors import ProfileError
 from twin.policies import engine
 from twin.policies.history import history_state
@@ -34,7 +35,7 @@ def run_policy(spec: PolicySpec, workload, profile, requests, arrival, load_ms, 
         max_num_seqs=int(eng.max_num_seqs), full_prompt_admission=eng.admission_rule == "full_prompt",
         lat=lat, sched=sched, **spec.loop_settings(), fp=spec.float_params(),
         max_in_flight=int(config.max_in_flight), ts_dt=float(config.timeseries_dt_s),
-        trace_cap=int(config.trace_events),
+        trace_cap=int(config.trace_events), itl_edges=core.itl_edges(),
     )
     (*out, stats) = engine.simulate_policy_core(
         engine.new_requests(arrival, requests.adapter, requests.input_tokens, requests.output_tokens, out_pred, conv,
