@@ -16,10 +16,13 @@ Waiting structures (why the scan is not O(waiting requests)). The queue order is
 request: arrivals get their arrival index (increasing), preempted requests get ever smaller
 negative keys (front). Requests of one adapter are always admitted in key order, so each adapter
 keeps its own queue: a stack of preempted requests (linked list) in front of a pointer into its
-arrivals. Two tournament trees over adapters give, in O(log adapters), the adapter whose head has
-the smallest key among (a) all adapters — the next request while fewer than ``max_loras`` adapters
-run — and (b) adapters that have running requests — the next admissible request once the LoRA
-set is full. Skipped requests never move, so the admission order is exactly vLLM's.
+arrivals. While fewer than ``max_loras`` adapters run, the next request is the head of the whole
+queue: the last preempted request still waiting (a stack of them, stale entries dropped when they
+reach the top), else the first arrival still waiting (a pointer that only moves forward), both
+O(1) amortised. Once the LoRA set is full, a tournament tree over the adapters that have running
+requests gives, in O(log adapters), the one whose head has the smallest key; an adapter whose head
+changed is marked and its leaf updated just before the tree is read. Skipped requests never move,
+so the admission order is exactly vLLM's.
 
 GPU adapter slots are an LRU of ``a_max`` entries, touched every step by every adapter in the
 batch; a miss pays the adapter's load latency inside the step (serially, as vLLM loads inline).
@@ -281,19 +284,17 @@ def drop_finished(running, nrun, done_j, n_done, n_sched_running, n_kept):
 
 
 @nb.njit(cache=True)
-def _refresh_head(a, state, qkey, ad_list, arr_ptr, arr_end, stack_top, run_count,
-                  all_keys, all_idx, set_keys, set_idx, size):
-    """Recompute adapter ``a``'s queue head (skipping rejected arrivals) and update both trees (called, not
-    inlined: module docstring, "Speed notes")."""
-    while arr_ptr[a] < arr_end[a] and state[ad_list[arr_ptr[a]]] == REJECTED:
-        arr_ptr[a] += 1
-    hk = INF_KEY
-    if stack_top[a] >= 0:
-        hk = qkey[stack_top[a]]
-    elif arr_ptr[a] < arr_end[a]:
-        hk = qkey[ad_list[arr_ptr[a]]]
-    _tree_update(all_keys, all_idx, size, a, hk)
-    _tree_update(set_keys, set_idx, size, a, hk if run_count[a] > 0 else INF_KEY)
+def _drop_readmitted(pre_req, pre_key, n_pre, state, qkey):
+    """Compact the stack of preempted requests to those still waiting with the key they were preempted with;
+    returns its new size."""
+    k = 0
+    for i in range(n_pre):
+        r = pre_req[i]
+        if state[r] == WAITING and qkey[r] == pre_key[i]:
+            pre_req[k] = r
+            pre_key[k] = pre_key[i]
+            k += 1
+    return k
 
 
 @nb.njit(cache=True)
@@ -343,19 +344,27 @@ def simulate_core(
     arr_ptr = ad_start[:-1].copy()  # next arrival of this adapter not yet admitted
     arr_end = ad_start[:-1].copy()  # one past the last arrived request of this adapter
     run_count = np.zeros(na, np.int64)
+    # Running adapters whose queue head changed since the tree of running adapters last saw it: the tree is
+    # brought up to date where it is read, when the LoRA set is full (it is a function of its leaves).
+    stale = np.zeros(na, np.bool_)
+    stale_list = np.empty(na, np.int64)
+    n_stale = 0
     size = 1
     while size < na:
         size *= 2
-    all_keys = np.full(2 * size, INF_KEY, np.int64)
-    all_idx = np.zeros(2 * size, np.int64)
     set_keys = np.full(2 * size, INF_KEY, np.int64)
     set_idx = np.zeros(2 * size, np.int64)
     for a in range(size):
-        all_idx[size + a] = a
         set_idx[size + a] = a
     for p in range(size - 1, 0, -1):
-        all_idx[p] = all_idx[2 * p]
         set_idx[p] = set_idx[2 * p]
+    # The whole queue's head: the last preempted request still waiting (preempted requests, latest on top, with
+    # the key each got; one no longer waiting with that key is dropped when it reaches the top), else the first
+    # arrival still waiting (``first_wait``, which only moves forward).
+    pre_req = np.empty(n + 1, np.int32)
+    pre_key = np.empty(n + 1, np.int64)
+    n_pre = 0
+    first_wait = 0
 
     # --- GPU adapter slots (LRU)
     resident = np.zeros(na, np.bool_)
@@ -423,9 +432,10 @@ def simulate_core(
                 qkey[r] = r
                 n_waiting += 1
             next_arr += 1
-            if was_empty:  # otherwise the adapter's head, and so both trees, stay as they are
-                _refresh_head(a, state, qkey, ad_list, arr_ptr, arr_end, stack_top, run_count,
-                              all_keys, all_idx, set_keys, set_idx, size)
+            if was_empty and run_count[a] > 0 and not stale[a]:  # otherwise its leaf stays as it is
+                stale[a] = True
+                stale_list[n_stale] = a
+                n_stale += 1
 
         while ts_dt > 0 and next_ts <= now and ts_i < n_ts:
             ts[ts_i, 0] = next_ts
@@ -534,8 +544,12 @@ def simulate_core(
                 run_count[av] -= 1
                 if run_count[av] == 0:
                     n_distinct -= 1
-                _tree_update(all_keys, all_idx, size, av, qkey[v])
                 _tree_update(set_keys, set_idx, size, av, qkey[v] if run_count[av] > 0 else INF_KEY)
+                if n_pre == pre_req.shape[0]:
+                    n_pre = _drop_readmitted(pre_req, pre_key, n_pre, state, qkey)
+                pre_req[n_pre] = v
+                pre_key[n_pre] = qkey[v]
+                n_pre += 1
                 preempted_now = True
                 tr_i = trace_event(trace, trace_cap, tr_i, now, v, 0, EV_PREEMPTED)
                 if v == r:
@@ -564,11 +578,33 @@ def simulate_core(
         # 3. WAITING loop (skipped in a step that preempted).
         if not preempted_now:
             while budget > 0 and n_waiting > 0 and nrun < max_num_seqs:
-                if n_distinct < a_max:
-                    a = all_idx[1]
-                    if all_keys[1] == INF_KEY:
-                        break
-                else:
+                if n_distinct < a_max:  # the head of the whole queue
+                    while n_pre > 0 and (state[pre_req[n_pre - 1]] != WAITING
+                                         or qkey[pre_req[n_pre - 1]] != pre_key[n_pre - 1]):
+                        n_pre -= 1
+                    if n_pre > 0:
+                        a = np.int64(adapter[pre_req[n_pre - 1]])
+                    else:
+                        while first_wait < next_arr and (state[first_wait] != WAITING or qkey[first_wait] != first_wait):
+                            first_wait += 1
+                        if first_wait == next_arr:
+                            break
+                        a = np.int64(adapter[first_wait])
+                        while state[ad_list[arr_ptr[a]]] == REJECTED:  # arrivals refused ahead of it
+                            arr_ptr[a] += 1
+                else:  # the first request of a running adapter
+                    while n_stale > 0:
+                        n_stale -= 1
+                        a = stale_list[n_stale]
+                        stale[a] = False
+                        while arr_ptr[a] < arr_end[a] and state[ad_list[arr_ptr[a]]] == REJECTED:
+                            arr_ptr[a] += 1
+                        head = INF_KEY
+                        if run_count[a] > 0 and stack_top[a] >= 0:
+                            head = qkey[stack_top[a]]
+                        elif run_count[a] > 0 and arr_ptr[a] < arr_end[a]:
+                            head = qkey[ad_list[arr_ptr[a]]]
+                        _tree_update(set_keys, set_idx, size, a, head)
                     a = set_idx[1]
                     if set_keys[1] == INF_KEY:
                         break  # every waiting request is skipped for the LoRA limit
@@ -607,14 +643,16 @@ def simulate_core(
                         batch_stamp[a] = step
                         batch_ads[n_batch_ads] = a
                         n_batch_ads += 1
-                # Pop r from its adapter's queue and refresh the adapter's head.
+                # Pop r from its adapter's queue (its new head reaches the tree of running adapters when read).
                 n_waiting -= 1
                 if from_stack:
                     stack_top[a] = stack_next[r]
                 else:
                     arr_ptr[a] += 1
-                _refresh_head(a, state, qkey, ad_list, arr_ptr, arr_end, stack_top, run_count,
-                              all_keys, all_idx, set_keys, set_idx, size)
+                if not stale[a]:
+                    stale[a] = True
+                    stale_list[n_stale] = a
+                    n_stale += 1
 
         if nsched + n_steady == 0:
             # Nothing runnable now (e.g. only a rejected head): wait for the next arrival.
