@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from twin import Adapter, SimConfig, Workload, core, simulate, trace_requests
-from twin.steady_decode import heap_pop, heap_push
+from twin.steady_decode import finish_calendar, finishing, make_steady
 from twin.workload import LengthModel
 
 SCENARIOS = {
@@ -131,15 +131,24 @@ def test_fast_steps_match_the_explicit_loop_on_random_engines():
     assert fast_steps > 10_000
 
 
-def test_heap_pops_in_key_order():
+def test_finish_calendar_gives_each_step_its_requests():
+    """Requests made steady are handed back at the fast step they finish, each exactly once; a bucket left
+    from an earlier lazy spell (epoch) is stale."""
     rng = np.random.default_rng(0)
-    keys = rng.integers(0, 50, 300)
-    hk, hr, size = np.empty(300, np.int64), np.empty(300, np.int64), 0
-    for i, k in enumerate(keys):
-        size = heap_push(hk, hr, size, k, i)
-    popped = []
-    while size:
-        popped.append((hk[0], hr[0]))
-        size = heap_pop(hk, hr, size)
-    assert [k for k, _ in popped] == sorted(keys.tolist())
-    assert sorted(r for _, r in popped) == list(range(300))
+    out_len = rng.integers(2, 40, 300)
+    cal, fin_next = finish_calendar(out_len), np.empty(300, np.int64)
+    computed, done_at = np.ones(300, np.int64), out_len + 1  # prompts of one token, each just sampled
+    steady, g0, cnt = np.zeros(300, np.bool_), np.zeros(300, np.int64), np.zeros(16, np.int64)
+    for r in range(300):
+        make_steady(r, 5, computed, done_at, steady, g0, cnt, 16, cal, fin_next, 0)
+    make_steady(0, 5, computed, done_at, steady, g0, cnt, 16, cal, fin_next, 1)  # a later spell
+    got = {}
+    for g in range(5, 5 + 40):
+        r = finishing(cal, g, 0)
+        while r >= 0:
+            assert r not in got
+            got[r] = g
+            r = fin_next[r]
+    # request 0's bucket (and those sharing its step) went to epoch 1
+    same_as_0 = {r for r in range(300) if out_len[r] == out_len[0]}
+    assert got == {r: 5 + int(out_len[r]) - 2 for r in range(300) if r not in same_as_0}

@@ -39,7 +39,7 @@ in this large loop that is sometimes much slower than a plain call; each helper 
 measured faster. A helper that takes arrays and branches is called, not inlined: inlined, numba
 reference-counts its array arguments on every call (an atomic update each, which LLVM cannot prune across
 the branch), and that once took half the loop's time. For the same reason no array variable of the loop is
-ever reassigned (the finish heap has a fixed size). Check with ``simulate_core.inspect_llvm``: its body
+ever reassigned (the finish calendar has a fixed size). Check with ``simulate_core.inspect_llvm``: its body
 should call ``NRT_incref``/``NRT_decref`` only on entry and exit.
 """
 
@@ -51,7 +51,7 @@ import numba as nb
 import numpy as np
 
 from twin.states import FINISHED, REJECTED, RUNNING, WAITING
-from twin.steady_decode import block_phase, compact_running, heap_pop, make_steady, materialize
+from twin.steady_decode import block_phase, compact_running, finish_calendar, finishing, make_steady, materialize
 
 INF_KEY = np.int64(2**62)
 
@@ -403,9 +403,9 @@ def simulate_core(
     steady = np.zeros(n, np.bool_)
     g0 = np.zeros(n, np.int64)
     cnt = np.zeros(block_size, np.int64)  # steady requests per block phase
-    hk = np.empty(running.shape[0], np.int64)  # finish heap (fast step, request): at most every running request
-    hr = np.empty(running.shape[0], np.int64)
-    hsize = 0
+    cal = finish_calendar(out_len)  # steady requests by the fast step they finish at
+    fin_next = np.empty(n, np.int64)
+    epoch = 0  # lazy spells so far: the calendar's entries of earlier ones are stale
     xlist = np.zeros(running.shape[0], np.int64).view(np.uint64)  # the other running requests, in running order
     nx = 0
     n_steady = 0
@@ -483,7 +483,7 @@ def simulate_core(
                                    block_size, adapter, last_used, fast_ran, step)
                 n_steady = 0
                 cnt.fill(0)
-                hsize = 0
+                epoch += 1
                 nx = 0
                 lazy = False
                 slow_left = backoff
@@ -703,9 +703,8 @@ def simulate_core(
             step_bin = itl_bin(t_end - now, itl_edges, step_bin)
             itl_hist[step_bin] += n_gaps
         if lazy:
-            while hsize > 0 and hk[0] <= g:  # steady requests that sampled their last token
-                r = hr[0]
-                hsize = heap_pop(hk, hr, hsize)
+            r = finishing(cal, g, epoch)
+            while r >= 0:  # steady requests that sampled their last token
                 cnt[block_phase(g0[r], computed[r], block_size)] -= 1  # computed: still its value when made steady
                 c = done_at[r] - 1
                 steady[r] = False
@@ -724,6 +723,7 @@ def simulate_core(
                     n_distinct -= 1
                     _tree_update(set_keys, set_idx, size, a, INF_KEY)
                     last_used[a] = step
+                r = fin_next[r]
         for f in range(n_done):
             r = sched_req[done_j[f]]
             free_blocks += blocks[r]
@@ -743,7 +743,7 @@ def simulate_core(
                 if state[r] != RUNNING:
                     continue
                 if computed[r] == ntok[r] - 1 and last_tok[r] == t_end:  # sampled: steady from the next fast step
-                    hsize = make_steady(r, g + 1, computed, done_at, steady, g0, cnt, block_size, hk, hr, hsize)
+                    make_steady(r, g + 1, computed, done_at, steady, g0, cnt, block_size, cal, fin_next, epoch)
                     n_steady += 1
                 else:
                     xlist[k] = r
@@ -762,7 +762,7 @@ def simulate_core(
                     for q in range(nrun):
                         r = running[q]
                         if computed[r] == ntok[r] - 1 and last_tok[r] == t_end:
-                            hsize = make_steady(r, g, computed, done_at, steady, g0, cnt, block_size, hk, hr, hsize)
+                            make_steady(r, g, computed, done_at, steady, g0, cnt, block_size, cal, fin_next, epoch)
                             n_steady += 1
                         else:
                             xlist[nx] = r

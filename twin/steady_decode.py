@@ -14,7 +14,7 @@ once (a *fast step*):
 
 * block demand: ``cnt[G % block_size]`` steady requests need one block at fast step ``G`` (each is
   counted under ``(g0 - computed) % block_size``);
-* finishes: a min-heap of fast-step numbers (:func:`heap_push`, :func:`heap_pop`);
+* finishes: a calendar of fast-step numbers, a bucket per step (:func:`finish_calendar`, :func:`finishing`);
 * ITL: all steady requests add one gap of the step's length.
 
 A step where that does not hold runs the explicit scheduler after :func:`materialize` writes the
@@ -28,41 +28,38 @@ twin/core.py only: after editing this module, clear the ``*.nbi``/``*.nbc`` file
 from __future__ import annotations
 
 import numba as nb
+import numpy as np
 
 from twin.states import RUNNING
 
-
-@nb.njit(cache=True)
-def heap_push(hk, hr, size, key, r):
-    """Push (``key``, ``r``) on the min-heap ``hk``/``hr`` of ``size`` entries; returns the new size. The arrays
-    hold one entry per running request: a fixed size, since an array the engine loop could swap for a bigger
-    one costs reference counting in every step of it."""
-    i = size
-    while i > 0 and hk[(i - 1) >> 1] > key:  # sift up
-        p = (i - 1) >> 1
-        hk[i], hr[i] = hk[p], hr[p]
-        i = p
-    hk[i], hr[i] = key, r
-    return size + 1
+#: Rows of the finish calendar (:func:`finish_calendar`): per bucket, its first request, the fast step its
+#: requests finish at and the lazy spell (epoch) they were made steady in.
+CAL_FIRST, CAL_STEP, CAL_EPOCH = 0, 1, 2
 
 
 @nb.njit(cache=True)
-def heap_pop(hk, hr, size):
-    """Remove the smallest entry of the min-heap; returns the new size."""
-    size -= 1
-    if size == 0:
-        return 0
-    key, r = hk[size], hr[size]  # the last entry sifts down from the top
-    i, c = 0, 1
-    while c < size:
-        if c + 1 < size and hk[c + 1] < hk[c]:
-            c += 1
-        if key <= hk[c]:
-            break
-        hk[i], hr[i] = hk[c], hr[c]
-        i, c = c, 2 * c + 1
-    hk[i], hr[i] = key, r
-    return size
+def finish_calendar(out_len):
+    """The finish calendar: a ring of buckets, one per fast step, longer than any request's output (a steady
+    request finishes fewer fast steps ahead than it has output tokens), so the requests pending in one bucket
+    all finish at the same step. Each bucket chains its requests through ``fin_next``."""
+    longest = 0
+    for i in range(out_len.shape[0]):
+        longest = max(longest, out_len[i])
+    span = 2
+    while span < longest + 2:
+        span *= 2
+    return np.full((3, span), -1, np.int64)
+
+
+@nb.njit(cache=True)
+def finishing(cal, g, epoch):
+    """The first request of those that finish at fast step ``g`` (the next through ``fin_next``; -1 ends them), and
+    empty its bucket; -1 if none."""
+    b = g & (cal.shape[1] - 1)
+    if cal[CAL_STEP, b] != g or cal[CAL_EPOCH, b] != epoch:
+        return -1
+    cal[CAL_STEP, b] = -1
+    return cal[CAL_FIRST, b]
 
 
 @nb.njit(cache=True, inline="always")
@@ -73,14 +70,21 @@ def block_phase(g0, computed, block_size):
 
 
 @nb.njit(cache=True)
-def make_steady(r, g, computed, done_at, steady, g0, cnt, block_size, hk, hr, hsize):
-    """Hold request ``r`` implicitly from fast step ``g`` on (it sampled in the step just ended); returns the heap's
-    new size."""
+def make_steady(r, g, computed, done_at, steady, g0, cnt, block_size, cal, fin_next, epoch):
+    """Hold request ``r`` implicitly from fast step ``g`` on (it sampled in the step just ended), in the calendar
+    at the fast step it finishes (buckets left from an earlier lazy ``epoch`` are stale: emptied first)."""
     steady[r] = True
     g0[r] = g
     cnt[block_phase(g, computed[r], block_size)] += 1
     # After m fast steps its token count is computed + 1 + m; it finishes in the step that reaches done_at.
-    return heap_push(hk, hr, hsize, g + done_at[r] - 2 - computed[r], r)
+    last = g + done_at[r] - 2 - computed[r]
+    b = last & (cal.shape[1] - 1)
+    if cal[CAL_STEP, b] != last or cal[CAL_EPOCH, b] != epoch:
+        cal[CAL_FIRST, b] = -1
+        cal[CAL_STEP, b] = last
+        cal[CAL_EPOCH, b] = epoch
+    fin_next[r] = cal[CAL_FIRST, b]
+    cal[CAL_FIRST, b] = r
 
 
 @nb.njit(cache=True)
