@@ -337,7 +337,7 @@ def simulate_core(
     # --- per-request state
     state, computed, ntok, blocks, first_tok, finish, last_tok, done_at = request_state(in_len, out_len)
     qkey = np.zeros(n, np.int64)
-    stack_next = np.full(n, -1, np.int64)
+    stack_next = np.full(n, -1, np.int32)  # int32 (as g0, fin_next): less memory; n < 2**31
 
     # --- per-adapter queues and trees
     stack_top = np.full(na, -1, np.int64)
@@ -401,10 +401,10 @@ def simulate_core(
 
     # --- steady decoders held implicitly (twin.steady_decode): fast steps while ``lazy``
     steady = np.zeros(n, np.bool_)
-    g0 = np.zeros(n, np.int64)
+    g0 = np.zeros(n, np.int32)
     cnt = np.zeros(block_size, np.int64)  # steady requests per block phase
     cal = finish_calendar(out_len)  # steady requests by the fast step they finish at
-    fin_next = np.empty(n, np.int64)
+    fin_next = np.empty(n, np.int32)
     epoch = 0  # lazy spells so far: the calendar's entries of earlier ones are stale
     xlist = np.zeros(running.shape[0], np.int64).view(np.uint64)  # the other running requests, in running order
     nx = 0

@@ -163,7 +163,7 @@ def simulate(
     so = profile.scheduler_overhead
     sched = np.array([so.k1_us, so.k2_us, so.k3_us, so.intercept_us, float(n_ad)])
     # Requests longer than max_model_len are refused by the server (HTTP 400): the engine never sees them.
-    too_long = (requests.input_tokens.astype(np.int64) + requests.output_tokens) > eng.max_model_len
+    too_long = np.add(requests.input_tokens, requests.output_tokens, dtype=np.int64) > eng.max_model_len
     served = requests.subset(~too_long) if too_long.any() else requests
     arrival = served.arrival_s
     if profile.step_latency.arrival_delay:
