@@ -230,14 +230,14 @@ def batch_shape(sched_req, sched_tok, nsched, computed, ntok, in_len, adapter, b
 
 @nb.njit(cache=True)
 def apply_step_output(sched_req, sched_tok, nsched, now, t_end, computed, ntok, first_tok, last_tok, itl_hist,
-                      itl_edges, step_bin, done_at, state, finish, done_j, trace, trace_cap, tr_i):
+                      itl_edges, step_bin, n_implicit, done_at, state, finish, done_j, trace, trace_cap, tr_i):
     """Apply one step's output: computed tokens, sampled tokens (latencies, ITL histogram) and finished
     requests (marked FINISHED, their batch positions listed in ``done_j``, freed by the caller).
-    Returns (number of finished requests, new trace length, tokens that follow one of the previous step):
-    the caller bins those gaps (each ``t_end - now``) at once; ``step_bin``, the last step's bin, is where
-    the search for the bin of any other gap starts."""
+    ``n_implicit`` more tokens (the fast step's steady requests) follow one of the previous step. Every such
+    gap is the step's length, binned once; ``step_bin``, the last step's bin, is where the search for a bin
+    starts. Returns (number of finished requests, new trace length, this step's bin)."""
     n_done = 0
-    n_step_gaps = 0
+    n_step_gaps = n_implicit
     for j in range(nsched):
         r = sched_req[j]
         computed[r] += sched_tok[j]
@@ -257,7 +257,10 @@ def apply_step_output(sched_req, sched_tok, nsched, now, t_end, computed, ntok, 
                 done_j[n_done] = j
                 n_done += 1
                 tr_i = trace_event(trace, trace_cap, tr_i, now, r, 0, EV_FINISHED)
-    return n_done, tr_i, n_step_gaps
+    if n_step_gaps > 0:
+        step_bin = itl_bin(t_end - now, itl_edges, step_bin)
+        itl_hist[step_bin] += n_step_gaps
+    return n_done, tr_i, step_bin
 
 
 @nb.njit(cache=True)
@@ -694,14 +697,9 @@ def simulate_core(
             tr_i = trace_scheduled(trace, trace_cap, tr_i, now, sched_req, sched_tok, nsched, n_sched_running)
 
         # 5. Apply the step's output: computed tokens, sampled tokens, finished requests (freed below).
-        n_done, tr_i, n_gaps = apply_step_output(sched_req, sched_tok, nsched, now, t_end, computed, ntok, first_tok,
-                                                 last_tok, itl_hist, itl_edges, step_bin, done_at, state, finish,
-                                                 done_j, trace, trace_cap, tr_i)
-        if lazy:
-            n_gaps += n_steady
-        if n_gaps > 0:  # tokens that follow one from the last step, each after a gap of this step's length
-            step_bin = itl_bin(t_end - now, itl_edges, step_bin)
-            itl_hist[step_bin] += n_gaps
+        n_done, tr_i, step_bin = apply_step_output(sched_req, sched_tok, nsched, now, t_end, computed, ntok,
+                                                   first_tok, last_tok, itl_hist, itl_edges, step_bin, n_steady,
+                                                   done_at, state, finish, done_j, trace, trace_cap, tr_i)
         if lazy:
             r = finishing(cal, g, epoch)
             while r >= 0:  # steady requests that sampled their last token

@@ -243,10 +243,10 @@ def request_outcomes(arrival, state, first_tok, finish, in_len, out_len, t_lo, t
             out_done += out_len[i]
             ttft[d] = (first_tok[i] - arrival[i]) * 1000.0
             span[d] = finish[i] - first_tok[i]
-            d += 1
             if out_len[i] >= 2:
-                tpot[m] = (finish[i] - first_tok[i]) / (out_len[i] - 1.0) * 1000.0
+                tpot[m] = span[d] / (out_len[i] - 1.0) * 1000.0
                 m += 1
+            d += 1
         if t_lo <= arrival[i] < t_hi:
             tok_arr += in_len[i] + out_len[i]
             waited[a] = (first_tok[i] if first_tok[i] >= 0 else t_hi) - arrival[i]

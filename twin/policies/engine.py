@@ -60,7 +60,6 @@ from twin.core import (
     apply_step_output,
     batch_shape,
     drop_finished,
-    itl_bin,
     scheduler_ms,
     step_buffers,
     step_ms,
@@ -972,14 +971,12 @@ def _apply_output(now, t_end, n_sched_running, n_kept, srv, rq, ads, pool, qs, h
     if srv.trace_cap > 0:
         out.tr_i[0] = trace_scheduled(out.trace, srv.trace_cap, out.tr_i[0], now, lp.sched_req, lp.sched_tok, nsched,
                                       n_sched_running)
-    n_done, tr_i, n_gaps = apply_step_output(lp.sched_req, lp.sched_tok, nsched, now, t_end, rq.computed, rq.ntok,
-                                             rq.first_tok, rq.last_tok, out.itl_hist, srv.itl_edges, out.step_bin[0],
-                                             rq.done_at, rq.state, rq.finish, lp.done_j, out.trace, srv.trace_cap,
-                                             out.tr_i[0])
+    n_done, tr_i, step_bin = apply_step_output(lp.sched_req, lp.sched_tok, nsched, now, t_end, rq.computed, rq.ntok,
+                                               rq.first_tok, rq.last_tok, out.itl_hist, srv.itl_edges, out.step_bin[0],
+                                               0, rq.done_at, rq.state, rq.finish, lp.done_j, out.trace, srv.trace_cap,
+                                               out.tr_i[0])
     out.tr_i[0] = tr_i
-    if n_gaps > 0:
-        out.step_bin[0] = itl_bin(t_end - now, srv.itl_edges, out.step_bin[0])
-        out.itl_hist[out.step_bin[0]] += n_gaps
+    out.step_bin[0] = step_bin
     if n_done > 0:
         for f in range(n_done):
             _finish(lp.sched_req[lp.done_j[f]], t_end, srv, rq, ads, pool, qs, hist, lp)
