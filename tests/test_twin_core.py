@@ -135,6 +135,19 @@ def test_itl_bins_searched_from_edges_are_the_formulas():
             assert b == core.itl_bin_of(g, n_hist), g
 
 
+def test_preempted_stack_drops_requests_readmitted_or_preempted_since():
+    """The stack of preempted requests, when full, keeps in order only the entries of requests still waiting
+    with the key they were preempted with (a readmitted request runs; one preempted again has a newer entry)."""
+    from twin.states import RUNNING, WAITING
+
+    state = np.array([WAITING, RUNNING, WAITING, WAITING], np.int8)
+    qkey = np.array([-4, -2, -3, -5], np.int64)
+    pre_req = np.array([0, 1, 0, 2, 3, 1], np.int32)
+    pre_key = np.array([-1, -2, -4, -3, -5, -6], np.int64)
+    n = core._drop_readmitted(pre_req, pre_key, 6, state, qkey)
+    assert (n, pre_req[:n].tolist(), pre_key[:n].tolist()) == (3, [0, 2, 3], [-4, -3, -5])
+
+
 def test_requests_arriving_together_keep_adapter_order():
     """Equal arrival times (an arrival process on a grid) are ordered by adapter, as a stable sort orders them."""
     from dataclasses import dataclass
