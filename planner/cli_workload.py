@@ -15,7 +15,12 @@ Examples:
   planner workload from-log requests.parquet --default-rank 16 --quantile 1 --out w.csv   # the busiest hour
 \b
 A log line is one request: its time, the model (adapter) asked for, prompt and completion tokens.
-Ranks are not in logs: --ranks names a CSV with adapter_id,rank[,path] (a previous workload.csv will do).
+Logs may be gzip, unsorted, and several (of one fleet); they are counted per adapter and hour as they are
+read (a progress bar on a terminal), in bounded memory. An hour the logs cover in part is rated over the
+part covered; an edge hour covered under 15 minutes joins its neighbour; under 60 s of log is refused.
+Ranks are not in logs: --ranks names a CSV with adapter_id,rank[,path] (a previous workload.csv will do);
+--default-rank needs --base-model (NAME, or none), lest the base model be planned as an adapter. A model
+without a rank stops the read at its first line.
 """
 
 EPILOG_PROM = """\b
@@ -39,8 +44,12 @@ def workload() -> None:
 
 
 def forecast_options(fn):
+    fn = click.option("--base-model", default=None,
+                      help="The base model's name as the traffic names it: its requests are left out; `none`: "
+                           "the traffic names adapters only. Needed with --default-rank.")(fn)
     fn = click.option("--default-rank", type=click.IntRange(1, 1024), default=None,
-                      help="Rank of adapters --ranks does not name [none: they are an error].")(fn)
+                      help="Rank of adapters --ranks does not name (needs --base-model) [none: they are an "
+                           "error].")(fn)
     fn = click.option("--ranks", "ranks_file", type=click.Path(dir_okay=False), default=None,
                       help="CSV with adapter_id,rank[,path] (a workload.csv will do): each adapter's rank.")(fn)
     fn = click.option("--window", default="7d", show_default=True,
@@ -68,30 +77,20 @@ def _duration(text: str) -> float:
     return value
 
 
-def _ranks(path):
-    from planner.workload_csv import read_ranks
-
-    return {} if path is None else read_ranks(path)
-
-
-def _write(out, series, rates, method, lengths, ranks, default_rank, observed) -> int:
+def _write(out, series, rates, method, lengths, ranks, observed) -> int:
     """Write the workload; returns the adapters written."""
     import numpy as np
 
-    from planner.workload_csv import adapter_id_problem, write_workload
+    from planner.workload_csv import write_workload
     from twin import BadInputError
 
-    bad = [a for a in series.adapters if adapter_id_problem(a)]
-    if bad:
-        raise BadInputError(f"the traffic names {len(bad)} model(s) that are not adapter ids, e.g. {bad[0][:60]!r} "
-                            f"({adapter_id_problem(bad[0])}); leave the base model out with --base-model")
-    unranked = [a for a in series.adapters if a not in ranks and default_rank is None]
-    if unranked:
-        raise BadInputError(f"no rank for {len(unranked)} adapter(s) ({', '.join(unranked[:5])}): name them in "
-                            "--ranks or give --default-rank")
+    for a in series.adapters:
+        problem = ranks.problem(a)
+        if problem:
+            raise BadInputError(problem)
     rows = []
     for k, a in enumerate(series.adapters):
-        rank, path = ranks.get(a, (default_rank, None))
+        rank, path = ranks.rank_of(a)
         mean_in, mean_out, cv_in, cv_out = lengths[k]
         rows.append({"adapter_id": a, "rank": rank, "rate_rps": float(rates[k]),
                      "input_tokens": None if not np.isfinite(mean_in) or mean_in < 1 else float(mean_in),
@@ -105,30 +104,36 @@ def _write(out, series, rates, method, lengths, ranks, default_rank, observed) -
     return len(rows)
 
 
+def _checked_options(out, window, ranks_file, default_rank, base_model):
+    """The options a read needs, checked before any is made: (--window in seconds, the ranks)."""
+    from planner.log_ranks import Ranks
+    from twin.atomic import check_writable
+
+    check_writable(out, "--out")
+    return _duration(window), Ranks.from_options(ranks_file, default_rank, base_model)
+
+
 @workload.command("from-log", epilog=EPILOG_LOG)
 @click.argument("logs", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--format", "fmt", type=click.Choice(["auto", "jsonl", "csv", "litellm", "loadgen"]), default="auto",
-              show_default=True, help="Log format (auto: by file name: .parquet loadgen, .csv csv, else jsonl).")
-@click.option("--base-model", default=None, help="The plain model's name in the logs; its requests are left out.")
+              show_default=True, help="Log format (auto: by file name, a .gz aside: .parquet loadgen, .csv csv, "
+                                      "else jsonl; a JSON array of records is read too).")
 @click.option("--start", "start_s", type=float, default=0.0, show_default=True,
               help="--format loadgen: epoch seconds of the run's time 0.")
 @forecast_options
 @user_errors
-def from_log(logs, fmt, base_model, start_s, out, horizon, method, q, window, ranks_file, default_rank) -> None:
+def from_log(logs, fmt, start_s, out, horizon, method, q, window, ranks_file, default_rank, base_model) -> None:
     """Read request LOGS and write the workload a plan for the next day (or hour) needs: per adapter the
     rate of its busiest hour to come, its mean lengths and their spread, and what was observed."""
-    from planner.forecast import forecast, hourly, length_stats
+    from planner.forecast import forecast, length_stats
     from planner.traffic import read_logs
-    from twin.atomic import check_writable
 
-    check_writable(out, "--out")
-    traffic = read_logs(logs, fmt, base_model, start_s)
-    series = hourly(traffic.t, traffic.model)
-    rates, used = forecast(series, horizon, method, q, _duration(window))
-    lengths = length_stats(traffic.model, traffic.prompt_tokens, traffic.completion_tokens, series.adapters)
-    observed = series.rates.sum(axis=1) * series.bin_s
-    n = _write(out, series, rates, used, lengths, _ranks(ranks_file), default_rank, observed)
-    click.echo(f"{n} adapters from {len(traffic):,} requests over {(series.end - series.start) / 3600:.1f} h; "
+    window_s, ranks = _checked_options(out, window, ranks_file, default_rank, base_model)
+    traffic = read_logs(logs, fmt, ranks, start_s)
+    series = traffic.series()
+    rates, used = forecast(series, horizon, method, q, window_s)
+    n = _write(out, series, rates, used, length_stats(traffic.sums), ranks, traffic.counts.sum(axis=1))
+    click.echo(f"{n} adapters from {traffic.requests:,} requests over {(traffic.last - traffic.first) / 3600:.1f} h; "
                f"rates for the {horizon} by the {used} method ({float(rates.sum()):,.2f} req/s in all); "
                f"written to {out}")
 
@@ -145,22 +150,26 @@ def from_log(logs, fmt, base_model, start_s, out, horizon, method, q, window, ra
 @forecast_options
 @user_errors
 def from_prometheus(url, requests_query, prompt_tokens_query, completion_tokens_query, label, range_text, step_text,
-                    end_s, out, horizon, method, q, window, ranks_file, default_rank) -> None:
+                    end_s, out, horizon, method, q, window, ranks_file, default_rank, base_model) -> None:
     """Read per-adapter request and token rates from the Prometheus server at URL (its HTTP API) and write the
     workload a plan for the next day (or hour) needs, as `from-log` does from logs."""
     import numpy as np
 
-    from planner.forecast import forecast
+    from planner.forecast import Series, forecast
     from planner.prometheus_source import prometheus_traffic
-    from twin.atomic import check_writable
+    from twin import BadInputError
 
-    check_writable(out, "--out")
-    step = _duration(step_text)
+    window_s, ranks = _checked_options(out, window, ranks_file, default_rank, base_model)
+    step, range_s = _duration(step_text), _duration(range_text)
     series, means = prometheus_traffic(url, label, requests_query, prompt_tokens_query, completion_tokens_query,
-                                       end_s if end_s is not None else time.time(), _duration(range_text), step)
-    rates, used = forecast(series, horizon, method, q, _duration(window))
+                                       end_s if end_s is not None else time.time(), range_s, step)
+    kept = [k for k, a in enumerate(series.adapters) if not ranks.excluded(a)]
+    if not kept:
+        raise BadInputError(f"Prometheus at {url}: {requests_query!r} gave series of the base model only")
+    series = Series([series.adapters[k] for k in kept], series.rates[kept], series.start, series.bin_s)
+    rates, used = forecast(series, horizon, method, q, window_s)
     lengths = np.array([[*means[a], np.nan, np.nan] for a in series.adapters])
     observed = series.rates.sum(axis=1) * step
-    n = _write(out, series, rates, used, lengths, _ranks(ranks_file), default_rank, observed)
+    n = _write(out, series, rates, used, lengths, ranks, observed)
     click.echo(f"{n} adapters from {url}; rates for the {horizon} by the {used} method "
                f"({float(rates.sum()):,.2f} req/s in all); written to {out}")

@@ -29,6 +29,8 @@ HOUR = 3600.0
 DAY = 24 * HOUR
 WEEK = 7 * DAY
 METHODS = ("auto", "quantile", "seasonal")
+MIN_COVER = 0.25  # of a window: less, at an edge of the logs, and it is merged into its neighbour
+MIN_SPAN_S = 60.0  # the least log a rate is measured from
 HORIZONS = ("next-day", "next-hour")
 
 
@@ -46,19 +48,35 @@ class Series:
         return self.start + self.rates.shape[1] * self.bin_s
 
 
-def hourly(t: np.ndarray, model: np.ndarray, bin_s: float = HOUR, end: float | None = None) -> Series:
-    """Requests (times ``t``, adapters ``model``) counted per adapter in windows of ``bin_s`` aligned to the
-    epoch, up to ``end`` (default: the last request's window)."""
-    if t.size == 0:
-        raise BadInputError("no request to count")
-    start = np.floor(t.min() / bin_s) * bin_s
-    stop = end if end is not None else (np.floor(t.max() / bin_s) + 1) * bin_s
-    n_bins = max(1, round((stop - start) / bin_s))
-    names, index = np.unique(model.astype(str), return_inverse=True)
-    col = np.minimum(((t - start) // bin_s).astype(np.int64), n_bins - 1)
-    counts = np.zeros((names.size, n_bins))
-    np.add.at(counts, (index, col), 1.0)
-    return Series(names.tolist(), counts / bin_s, float(start), float(bin_s))
+def observed_rates(counts: np.ndarray, start: float, first: float, last: float, adapters: list[str],
+                   bin_s: float = HOUR) -> Series:
+    """Per adapter, its rate in each window of ``bin_s`` from ``start`` (``counts``: its requests in each):
+    the requests over the seconds of the window the logs cover, from the ``first`` request's time to the
+    ``last`` one's (any adapter's, across every log). A 30-minute log at 1 req/s is 1 req/s, not 0.5.
+
+    An edge window the logs cover for less than :data:`MIN_COVER` of it is merged into its neighbour, so that
+    no rate rests on a few minutes at the edge of an hour; logs covering less than :data:`MIN_SPAN_S` in all
+    are refused: a rate from a few seconds of log would be noise."""
+    span = last - first
+    if span < MIN_SPAN_S:
+        raise BadInputError(f"the logs cover {span:.3g} s (from the first request to the last); a rate needs at "
+                            f"least {MIN_SPAN_S:g} s of log")
+    n = counts.shape[1]
+    covered = np.full(n, bin_s)
+    covered[0] -= first - start
+    covered[-1] -= start + n * bin_s - last
+    if n == 1:
+        covered[0] = span
+    counts = counts.astype(float)
+    if n > 1 and covered[0] < MIN_COVER * bin_s:
+        counts[:, 1] += counts[:, 0]
+        covered[1] += covered[0]
+        counts, covered, start, n = counts[:, 1:], covered[1:], start + bin_s, n - 1
+    if n > 1 and covered[-1] < MIN_COVER * bin_s:
+        counts[:, -2] += counts[:, -1]
+        covered[-2] += covered[-1]
+        counts, covered = counts[:, :-1], covered[:-1]
+    return Series(adapters, counts / covered, float(start), float(bin_s))
 
 
 def forecast(series: Series, horizon: str = "next-day", method: str = "auto", q: float = 0.95,
@@ -98,17 +116,13 @@ def _seasonal(series: Series, horizon: str, period: float) -> np.ndarray:
     return past.max(axis=1) * trend
 
 
-def length_stats(model: np.ndarray, prompt: np.ndarray, completion: np.ndarray, adapters: list[str]) -> np.ndarray:
-    """Per adapter (rows in ``adapters`` order): mean prompt tokens, mean output tokens and the coefficient of
-    variation of each (NaN where no request of the adapter recorded them)."""
-    index = {a: k for k, a in enumerate(adapters)}
-    rows = np.array([index[m] for m in model.astype(str)], np.int64)
-    out = np.full((len(adapters), 4), np.nan)
-    for col, values in ((0, prompt), (1, completion)):
-        known = np.isfinite(values)
-        n = np.bincount(rows[known], minlength=len(adapters)).astype(float)
-        total = np.bincount(rows[known], values[known], minlength=len(adapters))
-        squares = np.bincount(rows[known], values[known] ** 2, minlength=len(adapters))
+def length_stats(sums: np.ndarray) -> np.ndarray:
+    """Per adapter, from the count, sum and sum of squares of its known prompt tokens and of its completion
+    tokens (``sums``, six columns): mean prompt tokens, mean output tokens and the coefficient of variation
+    of each (NaN where no request of the adapter recorded them)."""
+    out = np.full((sums.shape[0], 4), np.nan)
+    for col in (0, 1):
+        n, total, squares = sums[:, 3 * col], sums[:, 3 * col + 1], sums[:, 3 * col + 2]
         with np.errstate(invalid="ignore", divide="ignore"):
             mean = total / n
             sd = np.sqrt(np.maximum(squares / n - mean ** 2, 0.0))

@@ -126,9 +126,9 @@ def test_from_log_writes_a_workload_that_plans(tmp_path, fmt):
     ('{"timestamp": 1, "model": "a", "prompt_tokens": 1}\n{nope\n', "log.jsonl:2: not a JSON record"),
     ('{"timestamp": "yesterday", "model": "a"}\n', "not an ISO 8601 time"),
     ('{"model": "a", "prompt_tokens": 3}\n', "has no time"),
-    ('{"timestamp": 5, "model": "../x"}\n', "not adapter ids"),
+    ('{"timestamp": 5, "model": "../x"}\n', "log.jsonl:1: '../x' is not an adapter id"),
     ('{"timestamp": 5, "model": "a", "prompt_tokens": -3}\n', "not a token count"),
-    ('{"timestamp": 5, "model": "unranked"}\n', "no rank for 1 adapter"),
+    ('{"timestamp": 5, "model": "a"}\n{"timestamp": 5, "model": "unranked"}\n', "log.jsonl:2: no rank for the adapter 'unranked'"),
 ])
 def test_bad_logs_are_one_line_errors(tmp_path, content, message):
     log = tmp_path / "log.jsonl"
@@ -211,7 +211,8 @@ def test_from_prometheus_reads_a_real_server_scraping_a_real_exporter(tmp_path, 
             assert wl[name].input_tokens == pytest.approx(TOKENS[name][0], rel=0.05)
             assert wl[name].output_tokens == pytest.approx(TOKENS[name][1], rel=0.05)
         res = CliRunner().invoke(main, ["workload", "from-prometheus", f"http://127.0.0.1:{port}", "--requests-query",
-                                        "sum(rate(nothing_total[5s]))", "--default-rank", "8", "--out", str(out)])
+                                        "sum(rate(nothing_total[5s]))", "--default-rank", "8", "--base-model", "none",
+                                        "--out", str(out)])
         assert res.exit_code == 2 and "gave no series" in res.output
     finally:
         stop.set()
