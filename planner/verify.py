@@ -1,4 +1,4 @@
-"""Launch a placement on real vLLM engines and measure each one against its prediction.
+"""Launch a placement on real vLLM engines and judge each one by the SLO the plan promised.
 
 Instances run one after another (on a CPU machine an engine needs every core, as a GPU would be its
 own; on CUDA each gets ``CUDA_VISIBLE_DEVICES`` = its index). Each engine starts with the planned
@@ -8,18 +8,32 @@ for ``duration_s``, and is stopped. The same requests also go through the twin, 
 the model's error, not the draw's. Measured under the twin's window convention (twin/simulate.py).
 A speed probe (serving_harness/speed_probe.py) right before and after the traffic says how fast the
 engine decoded against its profile: a shared or throttled machine shows up there, not as a twin error.
+
+The real run is judged as the twin judges a GPU (planner.verdict): the share of its arriving tokens
+served, p99 TTFT over every arrival of the window and p99 TPOT over the finished requests, against the
+plan's SLO with its adapters' own limits (:class:`GpuSlo`). The twin judges on a GPU slowed by the
+profile's safety margin, with more traffic and bounds for the arrival seed: margins that stand in for
+the real engine, which is judged against the bare SLO. A p99 is as good as the requests it is taken
+over: of fewer than 100 it is their slowest. Each result is kept in the work directory
+(``<instance>.verify.json``), so a run can be judged again (:func:`rejudge_placement`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from planner.evaluate import plan_bar
 from planner.placement import InstancePlan, Placement
+from planner.verdict import ServiceBar, TwinCheck, judging_bounds
+from twin.atomic import json_safe, write_json_atomic
 from twin.errors import BadInputError
 from twin.profile import Profile
 from twin.simulate import SimConfig, simulate
@@ -40,19 +54,104 @@ class VerifySettings:
     max_in_flight: int = 0
 
 
+def _nan(x: float | None) -> float:
+    return math.nan if x is None else float(x)
+
+
+@dataclass(frozen=True)
+class Figures:
+    """A GPU's figures as the verdict judges them (planner.verdict.TwinCheck); NaN where there is none."""
+
+    served: float  # share of the arriving tokens served in the window
+    ttft_ms_p99: float  # over every arrival of the window, one without a first token counted with its wait so far
+    tpot_ms_p99: float  # over the requests finished in the window
+    throughput_tok_s: float
+    arriving_tok_s: float
+
+    @classmethod
+    def of(cls, run) -> Figures:
+        """A twin run's (twin.simulate.SimResult) or a real one's (serving_harness.loadgen.RunSummary)."""
+        done, arriving = run.total_throughput_tok_s, run.arriving_tok_s
+        return cls(done / arriving if arriving > 0 else 1.0, run.ttft_ms_p99_all, run.tpot_ms_p99, done, arriving)
+
+    @classmethod
+    def planned(cls, inst: InstancePlan) -> Figures:
+        """The plan's: its twin verdict's figures (with the judging run's margins), else its predictor's throughput."""
+        t = inst.twin or {}
+        done, arriving = _nan(inst.predicted_throughput_tok_s), inst.arriving_tok_s
+        return cls(t.get("served", done / arriving if arriving > 0 else 1.0), _nan(t.get("ttft_ms_p99")),
+                   _nan(t.get("tpot_ms_p99")), done, arriving)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, float | None]) -> Figures:
+        return cls(**{k: _nan(v) for k, v in d.items()})
+
+
+@dataclass(frozen=True)
+class GpuSlo:
+    """What a GPU must show on the real engine: the plan's SLO, its adapters' own limits included, without the
+    twin's margins."""
+
+    min_served: float
+    max_ttft_ms: float | None  # None: no limit
+    max_tpot_ms: float | None
+
+    @classmethod
+    def of(cls, bar: ServiceBar, inst: InstancePlan) -> GpuSlo:
+        """``inst``'s limits as its twin verdict recorded them, else ``bar``'s (a plan made with --no-confirm records
+        none per GPU, so its adapters' own are not known)."""
+        if inst.twin is not None:
+            return cls(bar.min_served, inst.twin["max_ttft_ms"], inst.twin["max_tpot_ms"])
+        return cls(bar.min_served, None if bar.max_ttft_s is None else bar.max_ttft_s * 1000.0, bar.max_tpot_ms)
+
+    def misses(self, f: Figures) -> list[str]:
+        """What ``f`` misses, in the verdict's words (TwinCheck.misses; NaN is no miss), with no judging run's
+        bounds: those are the twin's room for its arrival seed."""
+        def one(x: float | None) -> np.ndarray:
+            return np.array([np.inf if x is None else x], float)
+
+        ttft, tpot = one(self.max_ttft_ms), one(self.max_tpot_ms)
+        check = TwinCheck(one(f.served), one(f.ttft_ms_p99), one(f.tpot_ms_p99), one(f.throughput_tok_s),
+                          one(f.arriving_tok_s), one(math.nan), ttft, tpot, one(math.nan),
+                          *judging_bounds(ttft, tpot, None, None))
+        return check.misses(0, ServiceBar(self.min_served))
+
+
+#: The rows of a verify table: name, Figures field, format, and the unit the field is divided by.
+_ROWS = (("served", "served", "{:.1%}", 1.0), ("p99 TTFT", "ttft_ms_p99", "{:,.3f} s", 1000.0),
+         ("p99 TPOT", "tpot_ms_p99", "{:,.1f} ms", 1.0), ("tok/s served", "throughput_tok_s", "{:,.0f}", 1.0),
+         ("tok/s arriving", "arriving_tok_s", "{:,.0f}", 1.0))
+
+
+def _cell(f: Figures, field: str, fmt: str, unit: float) -> str:
+    x = getattr(f, field)
+    return "-" if math.isnan(x) else fmt.format(x / unit)
+
+
+def _limit(x: float | None, unit: float, name: str) -> str:
+    return "none" if x is None else f"<= {x / unit:g} {name}"
+
+
+def real_bar(p: Placement, profile: Profile) -> ServiceBar:
+    """The SLO ``p`` was judged by (planner.evaluate.plan_bar), bare: on the real engine, not a slowed twin."""
+    return replace(plan_bar(p, profile), slowdown=1.0)
+
+
 @dataclass
 class InstanceVerification:
     instance_id: str
     status: str  # ok | memory_error | bad_config | crashed | timeout
     message: str
     startup_s: float
-    measured_tok_s: float | None = None
-    arriving_tok_s: float | None = None
-    starved: bool | None = None
-    planned_tok_s: float | None = None  # the placement's prediction
-    twin_tok_s: float | None = None  # the twin on the very requests sent
+    adapters: list[str]  # what was launched: a re-judged plan must launch the same
+    a_max: int
+    slo: GpuSlo
+    planned: Figures  # the placement's prediction
+    measured: Figures | None = None
+    twin: Figures | None = None  # the twin on the very requests sent, at the profile's speed
+    window_s: float | None = None
     itl_ms_mean: float | None = None
-    ttft_ms_p99: float | None = None
+    arrived_requests: int | None = None  # in the window: what the p99 TTFT is taken over
     finished_requests: int | None = None
     failed_requests: int | None = None
     records: str | None = None  # parquet of the per-request rows
@@ -60,20 +159,44 @@ class InstanceVerification:
     speed_vs_profile: float | None = None  # real over twin probe ITL: > 1 where the engine ran slower than profiled
 
     @property
-    def holds(self) -> bool:
-        return self.status == "ok" and self.starved is False
+    def misses(self) -> list[str]:
+        """What the real run misses of the GPU's SLO (empty when it did not run)."""
+        return [] if self.measured is None else self.slo.misses(self.measured)
 
-    def error_vs(self, predicted: float | None) -> float | None:
-        if predicted is None or self.measured_tok_s is None or not predicted:
-            return None
-        return (self.measured_tok_s - predicted) / predicted
+    @property
+    def holds(self) -> bool:
+        return self.status == "ok" and self.measured is not None and not self.misses
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["holds"] = self.holds
-        d["error_vs_planned"] = self.error_vs(self.planned_tok_s)
-        d["error_vs_twin"] = self.error_vs(self.twin_tok_s)
-        return d
+        return json_safe({**asdict(self), "holds": self.holds, "misses": self.misses})
+
+    def table(self) -> list[str]:
+        """The real run's figures beside the plan's, the twin's on the same requests and the GPU's limits."""
+        limits = (f">= {self.slo.min_served:.0%}", _limit(self.slo.max_ttft_ms, 1000.0, "s"),
+                  _limit(self.slo.max_tpot_ms, 1.0, "ms"), "", "")
+        figures = (("measured", self.measured), ("plan", self.planned), ("twin, same requests", self.twin))
+        columns = [("", *(row[0] for row in _ROWS)),
+                   *((head, *(_cell(f, *row[1:]) for row in _ROWS)) for head, f in figures if f is not None),
+                   ("limit", *limits)]
+        widths = [max(map(len, col)) for col in columns]
+        lines = ["  ".join(col[i].ljust(w) for col, w in zip(columns, widths)).rstrip() for i in range(len(_ROWS) + 1)]
+        if self.arrived_requests is not None:
+            few = ": of fewer than 100, nearly the slowest one's" if self.arrived_requests < 100 else ""
+            lines.append(f"p99 TTFT over the {self.arrived_requests} requests arriving in the {self.window_s:g} s "
+                         f"window{few}")
+        if self.speed_vs_profile is not None:
+            lines.append(f"decode speed (probe before and after): ITL {self.speed_vs_profile:.2f}x the profile's")
+        if self.records:
+            lines.append(f"records {self.records}")
+        return lines
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], slo: GpuSlo, planned: Figures) -> InstanceVerification:
+        """A saved result (:meth:`to_dict`), judged by ``slo`` beside ``planned``."""
+        kept = {f.name: d[f.name] for f in fields(cls) if f.name in d}
+        for name in ("measured", "twin"):
+            kept[name] = None if kept.get(name) is None else Figures.from_dict(kept[name])
+        return cls(**{**kept, "slo": slo, "planned": planned})
 
 
 def vocab_size(model_dir: str) -> int:
@@ -94,7 +217,9 @@ def instance_workload(p: Placement, inst: InstancePlan) -> Workload:
     ))
 
 
-def verify_instance(p: Placement, k: int, profile: Profile, s: VerifySettings) -> InstanceVerification:
+def verify_instance(p: Placement, k: int, profile: Profile, bar: ServiceBar,
+                    s: VerifySettings) -> InstanceVerification:
+    """Launch instance ``k``, measure it and keep the result in ``s.work_dir`` (``<instance>.verify.json``)."""
     from serving_harness.engine import Engine, EngineConfig
     from serving_harness.loadgen import run_load, summarise
     from serving_harness.speed_probe import real_probe_itl_ms, speed_vs_profile
@@ -114,11 +239,13 @@ def verify_instance(p: Placement, k: int, profile: Profile, s: VerifySettings) -
     wl = instance_workload(p, inst)
     requests = draw_requests(wl, s.duration_s, s.seed, PoissonArrivals(), LengthModel(),
                              profile.default_input_tokens, profile.default_output_tokens)
+    saved = s.work_dir / f"{inst.instance_id}.verify.json"
     with Engine(config, s.work_dir / f"{inst.instance_id}.log") as engine:
         start = engine.start()
         out = InstanceVerification(inst.instance_id, start.status, start.message, start.startup_s,
-                                   planned_tok_s=inst.predicted_throughput_tok_s)
+                                   list(inst.adapters), inst.a_max, GpuSlo.of(bar, inst), Figures.planned(inst))
         if not start.ok:
+            write_json_atomic(saved, out.to_dict())
             return out
         probe = wl.adapters[0]
         vocab = vocab_size(s.model)
@@ -134,35 +261,53 @@ def verify_instance(p: Placement, k: int, profile: Profile, s: VerifySettings) -
     twin = simulate(wl, profile, SimConfig(a_max=inst.a_max, duration_s=s.duration_s, warmup_s=s.warmup_s,
                                            max_lora_rank=inst.max_lora_rank, max_in_flight=s.max_in_flight),
                     requests=requests)
-    out.measured_tok_s = real.total_throughput_tok_s
-    out.arriving_tok_s = real.arriving_tok_s
-    out.starved = real.starved
-    out.twin_tok_s = twin.total_throughput_tok_s
+    out.measured, out.twin, out.window_s = Figures.of(real), Figures.of(twin), real.window_s
     out.itl_ms_mean = real.itl_ms_mean
-    out.ttft_ms_p99 = real.ttft_ms_p99
-    out.finished_requests = real.finished_requests
+    out.arrived_requests, out.finished_requests = real.arrived_requests, real.finished_requests
     out.failed_requests = real.failed_requests
     out.records = str(path.resolve())
     out.probe_itl_ms = probes
     if None not in probes:
         out.speed_vs_profile, _ = speed_vs_profile(profile, probe.adapter_id, probe.rank, inst.a_max,
                                                    inst.max_lora_rank, probes)
+    write_json_atomic(saved, out.to_dict())
     return out
 
 
 def verify_placement(p: Placement, profile: Profile, s: VerifySettings,
                      progress: Callable[[str], None] | None = None) -> list[InstanceVerification]:
+    """Launch and judge every instance of ``p`` in turn (module docstring)."""
     missing = [aid for inst in p.instances for aid in inst.adapters if aid not in s.adapter_paths]
     if missing:
         raise BadInputError(f"no adapter directory for {', '.join(missing[:5])}: give the workload a 'path' column, "
                             "--adapter-dir, or --synthesize")
     s.work_dir.mkdir(parents=True, exist_ok=True)
+    bar = real_bar(p, profile)
     results = []
     for k, inst in enumerate(p.instances):
         if progress:
             progress(f"{inst.instance_id} ({k + 1}/{len(p.instances)}): {len(inst.adapters)} adapters, "
                      f"--max-loras {inst.a_max}, {s.duration_s:.0f} s")
-        results.append(verify_instance(p, k, profile, s))
+        results.append(verify_instance(p, k, profile, bar, s))
+    return results
+
+
+def rejudge_placement(p: Placement, profile: Profile, work_dir: Path) -> list[InstanceVerification]:
+    """The results an earlier run of ``p`` left in ``work_dir``, judged again by ``p``'s SLO (no engine starts)."""
+    bar = real_bar(p, profile)
+    results = []
+    for inst in p.instances:
+        saved = work_dir / f"{inst.instance_id}.verify.json"
+        try:
+            d = json.loads(saved.read_text(encoding="utf-8"))
+            same = d["adapters"] == list(inst.adapters) and d["a_max"] == inst.a_max
+            result = InstanceVerification.from_dict(d, GpuSlo.of(bar, inst), Figures.planned(inst))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise BadInputError(f"{saved}: no result of an earlier verify run to judge ({exc})") from None
+        if not same:
+            raise BadInputError(f"{saved}: {inst.instance_id} ran other adapters or another --max-loras than the "
+                                "plan gives it: verify the plan again")
+        results.append(result)
     return results
 
 

@@ -23,7 +23,9 @@ import aiohttp
 import numpy as np
 
 from twin.atomic import write_bytes_atomic
-from twin.simulate import STARVATION_THRESHOLD
+from twin.metrics import percentiles
+from twin.simulate import STARVATION_THRESHOLD, request_outcomes
+from twin.states import FINISHED, WAITING
 from twin.workload import Requests
 
 #: Columns of the per-request table; times are seconds from the run's start (arrival 0).
@@ -218,7 +220,7 @@ def run_load(base_url: str, requests: Requests, adapter_names, window_s: float, 
 
 @dataclass(frozen=True)
 class RunSummary:
-    """The twin's figures (twin.simulate.SimResult) computed from real per-request records."""
+    """The twin's figures (twin.simulate.SimResult, same names) computed from real per-request records."""
 
     window_s: float
     total_throughput_tok_s: float
@@ -228,35 +230,41 @@ class RunSummary:
     ttft_ms_mean: float
     ttft_ms_p50: float
     ttft_ms_p99: float
+    ttft_ms_p99_all: float  # over every arrival, one without a first token counted with its wait until the window's end
+    tpot_ms_p99: float  # per finished request of >= 2 output tokens: (finish - first token) / (tokens - 1)
     arrived_requests: int
     finished_requests: int
     failed_requests: int
 
 
 def summarise(records: RunRecords, duration_s: float, warmup_s: float = 0.0) -> RunSummary:
-    """Throughput, starvation, ITL and TTFT under the twin's window convention (twin/simulate.py), with
-    requests arriving when they were sent (:attr:`RunRecords.engine_arrival_s`)."""
+    """The twin's figures of the window [warmup_s, duration_s] by the twin's own definitions
+    (twin.simulate.request_outcomes): a request counts as finished where it ended without error, and
+    arrives when it was sent (:attr:`RunRecords.engine_arrival_s`)."""
     window = duration_s - warmup_s
-    arrival = records.engine_arrival_s
-    arrived = (arrival >= warmup_s) & (arrival < duration_s)
-    done = ((records.error == "") & np.isfinite(records.finish_s)
-            & (records.finish_s >= warmup_s) & (records.finish_s <= duration_s))
-    tokens = (records.input_tokens + records.output_tokens).astype(np.float64)
-    total = tokens[done].sum() / window
-    arriving = tokens[arrived].sum() / window
-    gaps = records.output_tokens[done] - 1
-    itl = ((records.finish_s[done] - records.first_token_s[done]).sum() / gaps.sum() * 1000.0
-           if gaps.sum() > 0 else float("nan"))
-    ttft = (records.first_token_s[done] - arrival[done]) * 1000.0
+    finished = (records.error == "") & np.isfinite(records.finish_s)
+    in_sum, out_sum, arrived_sum, ttft, span, tpot, waited = request_outcomes(
+        records.engine_arrival_s, np.where(finished, FINISHED, WAITING), np.nan_to_num(records.first_token_s, nan=-1.0),
+        np.nan_to_num(records.finish_s, nan=-1.0), records.input_tokens.astype(np.int64),
+        records.output_tokens.astype(np.int64), float(warmup_s), float(duration_s))
+    total, arriving = (in_sum + out_sum) / window, arrived_sum / window
+    gaps = out_sum - ttft.size
+    arrived = (records.engine_arrival_s >= warmup_s) & (records.engine_arrival_s < duration_s)
     failed = arrived & ~np.isin(records.error, ("", "unfinished_at_window_end"))
     return RunSummary(
-        window_s=window, total_throughput_tok_s=float(total), arriving_tok_s=float(arriving),
-        starved=bool(total < STARVATION_THRESHOLD * arriving), itl_ms_mean=float(itl),
+        window_s=window, total_throughput_tok_s=total, arriving_tok_s=arriving,
+        starved=bool(total < STARVATION_THRESHOLD * arriving),
+        itl_ms_mean=float(span.sum() / gaps * 1000.0) if gaps > 0 else float("nan"),
         ttft_ms_mean=float(ttft.mean()) if ttft.size else float("nan"),
-        ttft_ms_p50=float(np.percentile(ttft, 50)) if ttft.size else float("nan"),
-        ttft_ms_p99=float(np.percentile(ttft, 99)) if ttft.size else float("nan"),
-        arrived_requests=int(arrived.sum()), finished_requests=int(done.sum()), failed_requests=int(failed.sum()),
+        ttft_ms_p50=_percentile(ttft, 50), ttft_ms_p99=_percentile(ttft, 99),
+        ttft_ms_p99_all=_percentile(waited * 1000.0, 99), tpot_ms_p99=_percentile(tpot, 99),
+        arrived_requests=int(waited.size), finished_requests=int(ttft.size), failed_requests=int(failed.sum()),
     )
+
+
+def _percentile(x: np.ndarray, q: float) -> float:
+    """The twin's percentile of ``x`` (NaN when empty)."""
+    return float(percentiles(x, q)) if x.size else float("nan")
 
 
 async def measure_async(base_url: str, requests: Requests, adapter_names, window_s: float, *,
