@@ -422,7 +422,8 @@ Examples:
   planner render plan.json                                   # the table (and a re-plan's changes)
   planner render plan.json --format vllm --model /models/llama-3.1-8b --adapter-dir /srv/adapters > launch.sh
   planner render plan.json --json | jq '.router'
-  planner render plan.json --format llm-d --model /models/llama-3.1-8b | kubectl apply -f -
+  planner render plan.json --format llm-d --model meta-llama/Llama-3.1-8B-Instruct | kubectl apply -f -
+  planner render plan.json --format k8s --model /models/llama-3.1-8b    # mounts claim lora-models at /models
 """
 
 
@@ -432,10 +433,18 @@ Examples:
 @user_errors
 def render(placement_file, fmt, as_json, model, adapter_dir, port_base, image, manifest_name) -> None:
     """Show a saved or re-planned placement: a table, its JSON, one vLLM server command per GPU, or the
-    Kubernetes objects that deploy it (plain, llm-d's InferencePool, AIBrix's ModelAdapters)."""
+    Kubernetes objects that deploy it (plain, llm-d's InferencePool, AIBrix's ModelAdapters).
+
+    --model is what vLLM loads, a Hugging Face id (org/name) or a path; without it the profile's Hugging Face
+    id, and the launch formats are refused where the profile records none. In the pods (k8s, llm-d, aibrix)
+    each adapter is read from --adapter-dir/<adapter_id> on the 'lora-adapters' volume claim (a workload path
+    under --adapter-dir is kept; a host path is not in the pod), and a --model path from the 'lora-models'
+    claim mounted at its parent directory."""
+    from planner.formats import launch_model
     from planner.placement import read_placement
     from twin import load_profile
 
     placement = read_placement(placement_file)
     profile = load_profile(placement.inputs.get("profile_id"))
+    model = launch_model("json" if as_json else fmt, model, profile.model)
     show_placement(placement, profile, fmt, as_json, model, port_base, adapter_dir, image, manifest_name)

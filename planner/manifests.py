@@ -14,24 +14,34 @@
   GPUs sharing a replicated adapter one label of its own). AIBrix names the served adapter after the
   object, so adapter ids must be Kubernetes names.
 
-The objects are plain dicts in the API's field names; :func:`to_yaml` writes them as one YAML stream.
+Every path a server reads lies on a volume its pod mounts read-only: the adapters on the ``lora-adapters``
+claim at ``adapter_dir``, one directory per adapter id (a workload ``path`` under ``adapter_dir`` is kept; any
+other, a host path, is not in the pod and becomes ``adapter_dir/<adapter_id>``, named in a comment atop the
+stream), and a ``--model`` given as a path on the ``lora-models`` claim at the model's parent directory.
+
+The objects are plain dicts in the API's field names; :func:`render_manifests` writes them as one YAML stream.
 """
 
 from __future__ import annotations
 
 import hashlib
+import posixpath
 import re
 from pathlib import PurePosixPath
-from typing import Any
 
 from planner.placement import InstancePlan, Placement
-from planner.render import adapter_path, vllm_argv
+from planner.render import adapter_paths, vllm_argv
+from planner.workload_csv import printable
 from twin.errors import BadInputError
 
 FORMATS = ("k8s", "llm-d", "aibrix")
 PORT = 8000
 INSTANCE_LABEL = "lora-planner.io/instance"
 POOL_LABEL = "lora-planner.io/pool"
+ADAPTERS_CLAIM = "lora-adapters"
+MODELS_CLAIM = "lora-models"
+#: An adapter URL AIBrix downloads itself (a ModelAdapter's ``artifactURL``).
+REMOTE = re.compile(r"(s3|gcs|tos|huggingface|hf)://")
 #: A Kubernetes object name (RFC 1123 subdomain) and a label value.
 K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
@@ -44,10 +54,39 @@ def _name(prefix: str, instance_id: str) -> str:
     return name
 
 
-def _server(p: Placement, inst: InstancePlan, name: str, image: str, model: str, adapter_dir: str,
-            labels: dict[str, str], runtime_loading: bool) -> list[dict[str, Any]]:
-    """The Deployment and Service of one planned GPU."""
-    argv = vllm_argv(p, inst, model, PORT, adapter_dir)
+def _under(path: str, directory: str) -> bool:
+    return PurePosixPath(posixpath.normpath(path)).is_relative_to(posixpath.normpath(directory))
+
+
+def pod_adapter_paths(p: Placement, adapter_dir: str, keep_urls: bool = False) -> dict[str, str]:
+    """Where a pod finds each adapter: its workload path if that lies under ``adapter_dir`` (or, with
+    ``keep_urls``, is a URL AIBrix downloads), else ``adapter_dir/<adapter_id>``."""
+    return {aid: path if _under(path, adapter_dir) or (keep_urls and REMOTE.match(path))
+            else str(PurePosixPath(adapter_dir) / aid) for aid, path in adapter_paths(p, adapter_dir).items()}
+
+
+def _volumes(model: str, adapter_dir: str) -> tuple[list[dict], list[dict]]:
+    """The pod's volumes and the container's mounts: the adapters' claim at ``adapter_dir`` and, for a model
+    given as a path outside it, the models' claim at the model's parent directory."""
+    volumes = [{"name": "adapters", "persistentVolumeClaim": {"claimName": ADAPTERS_CLAIM, "readOnly": True}}]
+    mounts = [{"name": "adapters", "mountPath": adapter_dir, "readOnly": True}]
+    if model.startswith(("/", ".", "~")) or model.count("/") > 1:  # a path; else a Hugging Face id
+        parent = PurePosixPath(posixpath.normpath(model)).parent
+        if not model.startswith("/") or parent == PurePosixPath("/"):
+            raise BadInputError(f"--model {model!r}: in a pod give a Hugging Face id (org/name) or an absolute path "
+                                f"below a directory, e.g. /models/NAME, which is mounted from the '{MODELS_CLAIM}' "
+                                "volume claim")
+        if not _under(model, adapter_dir):
+            volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": MODELS_CLAIM, "readOnly": True}})
+            mounts.append({"name": "model", "mountPath": str(parent), "readOnly": True})
+    return volumes, mounts
+
+
+def _server(p: Placement, inst: InstancePlan, name: str, image: str, model: str, paths: dict[str, str],
+            volumes: tuple[list[dict], list[dict]], labels: dict[str, str], runtime_loading: bool) -> list[dict]:
+    """The Deployment and Service of one planned GPU, its pod's ``volumes`` as :func:`_volumes` gives them."""
+    pod_volumes, mounts = volumes
+    argv = vllm_argv(p, inst, model, PORT, paths)
     if runtime_loading:  # AIBrix loads the adapters through vLLM's API
         argv = argv[:argv.index("--lora-modules")]
     container = {
@@ -56,7 +95,7 @@ def _server(p: Placement, inst: InstancePlan, name: str, image: str, model: str,
         "resources": {"limits": {"nvidia.com/gpu": "1"}, "requests": {"nvidia.com/gpu": "1"}},
         "readinessProbe": {"httpGet": {"path": "/health", "port": PORT}, "periodSeconds": 10},
         "startupProbe": {"httpGet": {"path": "/health", "port": PORT}, "periodSeconds": 10, "failureThreshold": 60},
-        "volumeMounts": [{"name": "adapters", "mountPath": adapter_dir, "readOnly": True}],
+        "volumeMounts": mounts,
     }
     if runtime_loading:
         container["env"] = [{"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "True"}]
@@ -66,9 +105,7 @@ def _server(p: Placement, inst: InstancePlan, name: str, image: str, model: str,
         "spec": {
             "replicas": 1, "selector": {"matchLabels": selector},
             "template": {"metadata": {"labels": labels}, "spec": {
-                "containers": [container],
-                "volumes": [{"name": "adapters", "persistentVolumeClaim": {"claimName": "lora-adapters",
-                                                                             "readOnly": True}}]}},
+                "containers": [container], "volumes": pod_volumes}},
         },
     }
     service = {
@@ -86,6 +123,8 @@ def manifests(p: Placement, fmt: str, image: str, model: str, adapter_dir: str, 
         raise BadInputError(f"--name {prefix!r} must be a short Kubernetes name (lowercase letters, digits, '-')")
     if not PurePosixPath(adapter_dir).is_absolute():
         raise BadInputError(f"--adapter-dir {adapter_dir!r} must be an absolute path inside the container")
+    volumes = _volumes(model, adapter_dir)
+    paths = pod_adapter_paths(p, adapter_dir, keep_urls=fmt == "aibrix")
     base = re.sub(r"[^A-Za-z0-9_.-]", "-", model.rsplit("/", 1)[-1])[:63].strip("-_.") or "model"
     groups = _replica_groups(p) if fmt == "aibrix" else {}
     objects: list[dict] = []
@@ -95,12 +134,12 @@ def manifests(p: Placement, fmt: str, image: str, model: str, adapter_dir: str, 
         if fmt == "aibrix":
             labels.update({"model.aibrix.ai/name": base, "adapter.model.aibrix.ai/enabled": "true",
                            **{label: "true" for label, members in groups.items() if inst.instance_id in members}})
-        objects += _server(p, inst, _name(prefix, inst.instance_id), image, model, adapter_dir, labels,
+        objects += _server(p, inst, _name(prefix, inst.instance_id), image, model, paths, volumes, labels,
                            runtime_loading=fmt == "aibrix")
     if fmt == "llm-d":
         objects.append(_pool(p, prefix))
     elif fmt == "aibrix":
-        objects += _model_adapters(p, base, adapter_dir, groups)
+        objects += _model_adapters(p, base, paths, groups)
     return objects
 
 
@@ -125,7 +164,7 @@ def _replica_groups(p: Placement) -> dict[str, frozenset[str]]:
             for s in sets}
 
 
-def _model_adapters(p: Placement, base: str, adapter_dir: str, groups: dict[str, frozenset[str]]) -> list[dict]:
+def _model_adapters(p: Placement, base: str, paths: dict[str, str], groups: dict[str, frozenset[str]]) -> list[dict]:
     by_set = {members: label for label, members in groups.items()}
     out = []
     for aid, routes in p.routes().items():
@@ -136,23 +175,27 @@ def _model_adapters(p: Placement, base: str, adapter_dir: str, groups: dict[str,
                                 "its ModelAdapter's name: use lowercase letters, digits, '-' and '.' for --format aibrix")
         members = frozenset(r["instance_id"] for r in routes)
         match = {INSTANCE_LABEL: next(iter(members))} if len(members) == 1 else {by_set[members]: "true"}
-        url = adapter_path(p, aid, adapter_dir)
-        if not (url.startswith("/") or re.match(r"(s3|gcs|tos|huggingface|hf)://", url)):
-            raise BadInputError(f"adapter {aid}: AIBrix loads from an absolute path or an s3://, gcs://, tos://, "
-                                f"hf:// URL, not {url!r}")
         out.append({"apiVersion": "model.aibrix.ai/v1alpha1", "kind": "ModelAdapter",
                     "metadata": {"name": aid, "labels": {"model.aibrix.ai/name": base,
                                                          "app.kubernetes.io/managed-by": "lora-planner"}},
-                    "spec": {"baseModel": base, "podSelector": {"matchLabels": match}, "artifactURL": url}})
+                    "spec": {"baseModel": base, "podSelector": {"matchLabels": match}, "artifactURL": paths[aid]}})
     return out
 
 
-def to_yaml(objects: list[dict]) -> str:
-    """One YAML stream, every object written out in full (no anchors where objects share a labels dict)."""
+def render_manifests(p: Placement, fmt: str, image: str, model: str, adapter_dir: str, prefix: str = "lora") -> str:
+    """:func:`manifests` as one YAML stream, every object written out in full (no anchors where objects share a
+    labels dict), after a comment saying how many adapters have a workload path the pods do not mount."""
     import yaml
 
     class Dumper(yaml.SafeDumper):
         def ignore_aliases(self, data) -> bool:
             return True
 
-    return yaml.dump_all(objects, Dumper=Dumper, sort_keys=False, default_flow_style=False)
+    objects = manifests(p, fmt, image, model, adapter_dir, prefix)
+    paths = pod_adapter_paths(p, adapter_dir, keep_urls=fmt == "aibrix")
+    moved = [(a["adapter_id"], a["path"]) for a in p.adapters if a.get("path") and paths[a["adapter_id"]] != a["path"]]
+    note = "" if not moved else printable(
+        f"# {len(moved)} adapter(s) have a workload path outside {adapter_dir} (e.g. {moved[0][0]}: {moved[0][1]}), "
+        f"which the pods do not mount: each is read from {adapter_dir}/<adapter_id> on the '{ADAPTERS_CLAIM}' "
+        "volume claim, so copy it there") + "\n"
+    return note + yaml.dump_all(objects, Dumper=Dumper, sort_keys=False, default_flow_style=False)

@@ -135,15 +135,14 @@ def _rounds_line(c: dict) -> str:
     return ("the twin's rounds: " + "; ".join(notes)) if notes else ""
 
 
-def adapter_path(p: Placement, adapter_id: str, adapter_dir: str) -> str:
-    for a in p.adapters:
-        if a["adapter_id"] == adapter_id and a.get("path"):
-            return str(a["path"])
-    return str(PurePosixPath(adapter_dir) / adapter_id)
+def adapter_paths(p: Placement, adapter_dir: str) -> dict[str, str]:
+    """Where a server on the host finds each adapter: the workload's ``path``, else ``adapter_dir/<adapter_id>``."""
+    return {a["adapter_id"]: str(a.get("path") or PurePosixPath(adapter_dir) / a["adapter_id"]) for a in p.adapters}
 
 
-def vllm_argv(p: Placement, inst: InstancePlan, model: str, port: int, adapter_dir: str) -> list[str]:
-    """argv of one instance's OpenAI server (``python -m vllm.entrypoints.openai.api_server``)."""
+def vllm_argv(p: Placement, inst: InstancePlan, model: str, port: int, paths: dict[str, str]) -> list[str]:
+    """argv of one instance's OpenAI server (``python -m vllm.entrypoints.openai.api_server``), each adapter
+    loaded from ``paths[adapter_id]``."""
     argv = ["python", "-m", "vllm.entrypoints.openai.api_server", f"--model={model}", "--port", str(port)]
     for key, value in p.engine_args(inst).items():
         flag = "--" + key.replace("_", "-")
@@ -152,7 +151,7 @@ def vllm_argv(p: Placement, inst: InstancePlan, model: str, port: int, adapter_d
         else:
             argv += [flag, str(value)]
     argv.append("--lora-modules")  # JSON specs: no value can be read as an option or split at an '='
-    argv += [json.dumps({"name": aid, "path": adapter_path(p, aid, adapter_dir)}) for aid in inst.adapters]
+    argv += [json.dumps({"name": aid, "path": paths[aid]}) for aid in inst.adapters]
     return argv
 
 
@@ -165,8 +164,9 @@ def render_vllm(p: Placement, model: str, port_base: int = 8000, adapter_dir: st
     if "policy" in p.inputs:
         lines.append(f"# NOTE: planned for servers running {policy_label(p.inputs['policy'])}; stock vLLM does not "
                      "implement it, so these servers run vLLM's own scheduler and the plan's predictions do not apply")
+    paths = adapter_paths(p, adapter_dir)
     for k, inst in enumerate(p.instances):
-        argv = vllm_argv(p, inst, model, port_base + k, adapter_dir)
+        argv = vllm_argv(p, inst, model, port_base + k, paths)
         lines.append(f"# {inst.instance_id}: {len(inst.adapters)} adapters, {_status(inst)}")
         lines.append(f"CUDA_VISIBLE_DEVICES={k} " + " ".join(shlex.quote(a) for a in argv) + " &")
     return "\n".join(lines)

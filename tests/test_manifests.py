@@ -1,14 +1,17 @@
 """`planner render --format k8s|llm-d|aibrix`: manifests checked against the real schemas.
 
 Core objects go through the Kubernetes Python client's models (every field known and typed, nothing
-dropped on the way back); the custom resources through the OpenAPI schemas of their published CRDs,
+dropped on the way back) and the strict JSON schemas of Kubernetes v1.37 (tests/data/k8s: required fields,
+types, no unknown field); the custom resources through the OpenAPI schemas of their published CRDs,
 vendored under tests/data/crds with their licences (Gateway API Inference Extension v1.6.0, AIBrix v0.7.0).
+No Debian or PyPI package ships a kube-apiserver, so no API server dry-run runs here (docs/deploy.md).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import jsonschema
 import pytest
@@ -16,12 +19,17 @@ import yaml
 from click.testing import CliRunner
 from kubernetes.client import ApiClient
 
+import twin
 from planner.cli import main
+from planner.formats import HF_ID
 from tests.synthetic_traffic import requests
 from twin.families import family_workload, write_workload_csv
 
 CRDS = Path(__file__).parent / "data" / "crds"
+CORE = Path(__file__).parent / "data" / "k8s" / "v1.37.0"
 MODELS = {("apps/v1", "Deployment"): "V1Deployment", ("v1", "Service"): "V1Service"}
+CORE_SCHEMAS = {("apps/v1", "Deployment"): json.loads((CORE / "deployment-apps-v1.json").read_text()),
+                ("v1", "Service"): json.loads((CORE / "service-v1.json").read_text())}
 
 
 def _crd_schemas() -> dict[tuple[str, str], dict]:
@@ -46,12 +54,13 @@ def _drop_none(obj):
 
 
 def check(obj: dict) -> None:
-    """``obj`` is a valid object of its kind: by the client's model, or by its CRD's schema."""
+    """``obj`` is a valid object of its kind: by the client's model and Kubernetes' schema, or by its CRD's."""
     key = (obj["apiVersion"], obj["kind"])
     if key in MODELS:
         client = ApiClient()
         model = client._ApiClient__deserialize(obj, MODELS[key])  # the client's own reader of API objects
         assert _drop_none(client.sanitize_for_serialization(model)) == json.loads(json.dumps(obj)), key
+        jsonschema.validate(obj, CORE_SCHEMAS[key])
     else:
         assert key in SCHEMAS, f"no vendored CRD for {key}"
         jsonschema.validate(obj, SCHEMAS[key])
@@ -129,10 +138,81 @@ def test_aibrix_refuses_adapter_ids_that_are_not_kubernetes_names(tmp_path):
     csv.write_text("adapter_id,rank,rate_rps\nTeam/Support_Bot,8,0.5\nsql-gen,8,0.5\n")
     r = CliRunner()
     assert r.invoke(main, ["plan", str(csv), "--out", str(tmp_path / "p.json"), "--jobs", "1"]).exit_code == 0
-    res = r.invoke(main, ["render", str(tmp_path / "p.json"), "--format", "aibrix"])
+    res = r.invoke(main, ["render", str(tmp_path / "p.json"), "--format", "aibrix", "--model", "org/model"])
     assert res.exit_code == 2 and "not a Kubernetes name" in res.output
-    res = r.invoke(main, ["render", str(tmp_path / "p.json"), "--format", "k8s", "--adapter-dir", "relative"])
+    res = r.invoke(main, ["render", str(tmp_path / "p.json"), "--format", "k8s", "--model", "org/model",
+                          "--adapter-dir", "relative"])
     assert res.exit_code == 2 and "absolute path" in res.output
+
+
+@pytest.fixture(scope="module")
+def plan_with_paths(tmp_path_factory):
+    """Adapters on host paths, one already under the pods' /adapters, one without a path."""
+    d = tmp_path_factory.mktemp("paths")
+    (d / "w.csv").write_text("adapter_id,rank,rate_rps,path\n"
+                             "support-bot,16,6.0,/srv/adapters/support-bot\n"
+                             "sql-gen,8,1.5,/adapters/sql-gen-v2\n"
+                             "code-review,32,0.8,\n"
+                             "summarize,8,0.5,/home/ml/out/ckpt-7\n")
+    res = CliRunner().invoke(main, ["plan", str(d / "w.csv"), "--out", str(d / "plan.json"), "--jobs", "1"])
+    assert res.exit_code == 0, res.output
+    return d / "plan.json"
+
+
+def _mounted(path: str, container: dict) -> bool:
+    return any(PurePosixPath(path).is_relative_to(m["mountPath"]) for m in container["volumeMounts"])
+
+
+@pytest.mark.parametrize("fmt", ["k8s", "llm-d", "aibrix"])
+@pytest.mark.parametrize("model", ["meta-llama/Llama-3.1-8B-Instruct", "/models/llama-3.1-8b"])
+def test_every_path_a_server_reads_is_on_a_volume_its_pod_mounts(plan_with_paths, fmt, model):
+    """The workload's host paths are not in the pod: each adapter (and a --model path) is read from a volume
+    the container mounts, an adapter under --adapter-dir at its own path, the others at DIR/<adapter_id>."""
+    objects = _render(plan_with_paths, fmt, "--model", model)
+    expect = {"support-bot": "/adapters/support-bot", "sql-gen": "/adapters/sql-gen-v2",
+              "code-review": "/adapters/code-review", "summarize": "/adapters/summarize"}
+    for obj in objects:
+        check(obj)
+        if obj["kind"] == "Deployment":
+            pod = obj["spec"]["template"]["spec"]
+            container = pod["containers"][0]
+            assert {m["name"] for m in container["volumeMounts"]} <= {v["name"] for v in pod["volumes"]}
+            args = container["args"]
+            given = args[0].removeprefix("--model=")
+            assert given == model and (HF_ID.fullmatch(given) or _mounted(given, container))
+            if fmt != "aibrix":
+                for spec in map(json.loads, args[args.index("--lora-modules") + 1:]):
+                    assert spec["path"] == expect[spec["name"]] and _mounted(spec["path"], container)
+        if obj["kind"] == "ModelAdapter":
+            assert obj["spec"]["artifactURL"] == expect[obj["metadata"]["name"]]
+
+
+def test_adapters_stay_where_the_volume_is_mounted_at_their_host_directory(plan_with_paths):
+    """--adapter-dir /srv/adapters: the claim mounted where the host keeps them, their host paths kept."""
+    res = CliRunner().invoke(main, ["render", str(plan_with_paths), "--format", "k8s", "--model", "org/model",
+                                    "--adapter-dir", "/srv/adapters"])
+    assert res.exit_code == 0, res.output
+    assert res.stdout.startswith("# 2 adapter(s) have a workload path outside /srv/adapters")
+    deployment = next(o for o in yaml.safe_load_all(res.stdout) if o["kind"] == "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    paths = {s["name"]: s["path"] for s in map(json.loads, args[args.index("--lora-modules") + 1:])}
+    assert paths["support-bot"] == "/srv/adapters/support-bot" and paths["sql-gen"] == "/srv/adapters/sql-gen"
+
+
+def test_the_default_model_is_the_profiles_hugging_face_id_or_required(plan_with_paths, monkeypatch):
+    r = CliRunner()
+    for fmt in ("vllm", "k8s", "llm-d", "aibrix"):
+        res = r.invoke(main, ["render", str(plan_with_paths), "--format", fmt])
+        assert res.exit_code == 2 and "needs --model" in res.output and "Hugging Face id" in res.output, res.output
+    assert r.invoke(main, ["render", str(plan_with_paths), "--json"]).exit_code == 0
+    for bad in ("./model", "/llama", "a/b/c"):
+        res = r.invoke(main, ["render", str(plan_with_paths), "--format", "k8s", "--model", bad])
+        assert res.exit_code == 2 and "absolute path" in res.output, res.output
+    real = twin.load_profile
+    monkeypatch.setattr(twin, "load_profile", lambda pid: dataclasses.replace(
+        real(pid), model={**real(pid).model, "hf_id": "meta-llama/Llama-3.1-8B-Instruct"}))
+    res = r.invoke(main, ["render", str(plan_with_paths), "--format", "vllm"])
+    assert res.exit_code == 0 and "--model=meta-llama/Llama-3.1-8B-Instruct" in res.output, res.output
 
 
 def test_the_nightly_chain_from_logs_to_manifests(tmp_path):
