@@ -251,7 +251,9 @@ holds the lock on --out (nothing was done). On any failure the files are left as
               help="Adapters that may move to save GPUs: a count or a share of the workload's [no limit]. Moves "
                    "the SLO forces (a GPU that falls short) are made anyway.")
 @click.option("--max-restarts", type=click.IntRange(min=0), default=None,
-              help="Engines that may restart to keep their adapters in place [no limit].")
+              help="Engines that may restart with other start-up settings (--max-loras, --max-lora-rank, "
+                   "--max-cpu-loras), a hard limit: a night that needs more is refused and the previous plan "
+                   "kept [no limit].")
 @click.option("--gpu-tolerance", type=click.IntRange(min=0), default=0, show_default=True,
               help="GPUs above a fresh plan of the same day accepted without consolidating.")
 @confirm_options

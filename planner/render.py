@@ -189,4 +189,5 @@ def render_changes(p: Placement) -> str:
         by_reason[m["reason"]] = by_reason.get(m["reason"], 0) + 1
     for reason, n in sorted(by_reason.items(), key=lambda e: -e[1]):
         lines.append(f"  {n} moved: {reason}")
+    lines += [f"  held back: {why}" for why in ch.get("held_back", [])]
     return "\n".join(lines)

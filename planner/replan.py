@@ -201,6 +201,7 @@ class _Replan:
         self.moves: dict[int, str] = {}  # adapter index -> why it left its previous GPU
         self.kept_whole: set[_Slot] = set()  # GPUs the others could not absorb: they only fill up meanwhile
         self.cap: int | None = None  # moves allowed in all, without --max-moves (``moves_left``)
+        self.held_back: list[str] = []  # what the churn budget kept the re-plan from doing, in words
         before = {a["adapter_id"]: a["rate_rps"] for a in previous.adapters}
         self.changed_materially = materially_changed(before, {a.adapter_id: a.rate_rps for a in req.workload.adapters})
 
@@ -281,22 +282,15 @@ class _Replan:
         """Start ``slot``'s engine again with ``a_max`` (and the rank and host slots its adapters need),
         recording every start-up setting that changes and why."""
         rank = self.req.profile.kv.rank_for(int(self.req.ranks[list(slot.shares)].max()))
-        cpu = cpu_slots(len(slot.shares), a_max)
         if slot.prev is None:  # a new GPU is not running yet: it starts with what it needs
-            slot.a_max, slot.max_lora_rank, slot.max_cpu_loras = a_max, rank, cpu
+            slot.a_max, slot.max_lora_rank, slot.max_cpu_loras = a_max, rank, cpu_slots(len(slot.shares), a_max)
             return
-        reasons = []
-        if a_max != slot.a_max:
-            reasons.append(f"--max-loras {slot.a_max} -> {a_max}: {why}")
-        if rank != slot.max_lora_rank:
-            reasons.append(f"--max-lora-rank {slot.max_lora_rank} -> {rank}: the largest rank it serves")
-        if max(len(slot.shares), a_max) > slot.max_cpu_loras:
-            reasons.append(f"--max-cpu-loras {slot.max_cpu_loras} -> {cpu}: it holds {len(slot.shares)} adapters, "
-                           "more than its engine keeps in host memory")
+        settings, reasons = engine_change((slot.a_max, slot.max_lora_rank, slot.max_cpu_loras), a_max, rank,
+                                          len(slot.shares), why)
         if not reasons:
             return
         slot.restart += reasons
-        slot.a_max, slot.max_lora_rank, slot.max_cpu_loras = a_max, rank, cpu
+        slot.a_max, slot.max_lora_rank, slot.max_cpu_loras = settings
         slot.changed = True
 
     def fill_room(self) -> None:
@@ -494,6 +488,8 @@ class _Replan:
         adapters back to be placed elsewhere (and takes no more), for ``PLACING_ROUNDS`` rounds. False when an
         adapter finds no GPU that passes."""
         req = self.req
+        why = (f"took adapters of {victim.prev.instance_id}, emptied to save a GPU" if victim.prev is not None
+               else "took adapters planned for a new GPU, so that GPU need not start")
         waiting = dict(victim.shares)
         closed: set[int] = set()
         for _ in range(PLACING_ROUNDS):
@@ -506,7 +502,7 @@ class _Replan:
                 if not parts:
                     rank = int(req.ranks[i])  # GPUs whose rank holds it first (no restart for rank), least loaded first
                     order = sorted(open_slots, key=lambda s: (s.max_lora_rank < rank, s.pressure, loads[id(s)]))
-                    target = self.receiver(i, share, order)
+                    target = self.receiver(i, share, order, why)
                     if target is None:
                         return False
                     parts = {target: share}
@@ -543,9 +539,9 @@ class _Replan:
             s.shares = t
         return parts
 
-    def receiver(self, i: int, share: float, order: list[_Slot]) -> _Slot | None:
-        """The first GPU of ``order`` taking adapter ``i`` as it runs, else (a restart, within the budget) at
-        the A_max the predictor prefers; it is changed to hold ``i``."""
+    def receiver(self, i: int, share: float, order: list[_Slot], why: str) -> _Slot | None:
+        """The first GPU of ``order`` taking adapter ``i`` as it runs, else (a restart, within the budget, for
+        reason ``why``) at the A_max the predictor prefers; it is changed to hold ``i``."""
         req, rank = self.req, int(self.req.ranks[i])
         for s in order[:CANDIDATES]:
             if s.room_for(rank) or i in s.shares:
@@ -560,7 +556,7 @@ class _Replan:
             verdict = best_a_max(req, trial)
             if verdict.ok:
                 s.shares = trial
-                self.restart(s, verdict.a_max, "took adapters of a GPU emptied to save a GPU")
+                self.restart(s, verdict.a_max, why)
                 return s
         return None
 
@@ -584,9 +580,19 @@ def replan(previous: Placement, workload_path, req: PackRequest, split_hot: bool
             verdict = best_a_max(req, s.shares)
             work.restart(s, verdict.a_max if verdict.ok else max(1, a_max_limit(req.kv, req.ranks[list(s.shares)])),
                          "the engine as started no longer fits the profile's memory or the adapters' ranks")
+    if budget.max_restarts is not None and work.restarts > budget.max_restarts:
+        raise InfeasibleError(f"{work.restarts} engine(s) must restart (their start-up settings no longer fit the "
+                              f"profile's memory or their adapters' ranks), more than --max-restarts "
+                              f"{budget.max_restarts}; the previous plan is left as it was")
     work.repair()
     fresh, fresh_rows = work.packed(None, req.max_gpus)
     work.consolidate(fresh, fresh_rows)
+    excess = len(work.slots) - len(fresh) - budget.gpu_tolerance
+    if excess > 0:
+        caps = [f"--max-moves {budget.max_moves}"] if budget.max_moves is not None else []
+        caps += [f"--max-restarts {budget.max_restarts}"] if budget.max_restarts is not None else []
+        work.held_back.append(f"{excess} GPU(s) above a fresh plan of the day ({len(fresh)}) kept: no GPU could be "
+                              "emptied " + (f"within {' and '.join(caps)}" if caps else "within the moves allowed"))
     work.drop_empty()
     if len(work.slots) > req.max_gpus:
         raise InfeasibleError(f"the re-plan needs {len(work.slots)} GPUs, more than the "
@@ -607,7 +613,9 @@ def _placement(previous: Placement, workload_path, req: PackRequest, work: _Repl
         inst.max_cpu_loras = s.max_cpu_loras
         if s.prev is not None:
             inst.instance_id = s.prev.instance_id
-    reused = _name_new_instances(previous, [i for i, s in zip(instances, slots) if s.prev is None], work.freed)
+    restarts_left = np.inf if work.budget.max_restarts is None else work.budget.max_restarts - work.restarts
+    reused = _name_new_instances(previous, [i for i, s in zip(instances, slots) if s.prev is None], work.freed,
+                                 restarts_left, work.held_back)
     instances.sort(key=lambda i: _instance_number(i.instance_id))
     inputs = plan_inputs(workload_path, req, "greedy", 0.0)
     if bar is not None:
@@ -621,43 +629,59 @@ def _placement(previous: Placement, workload_path, req: PackRequest, work: _Repl
     restart_reasons.update(reused)
     placement.changes = changes(previous, placement, restart_reasons,
                                 {req.adapter_id(i): why for i, why in work.moves.items()}, fresh_gpus)
+    placement.changes["held_back"] = work.held_back
     return placement
 
 
-def _name_new_instances(previous: Placement, new: list[InstancePlan], free: list[InstancePlan]) -> dict[str, list[str]]:
+def _name_new_instances(previous: Placement, new: list[InstancePlan], free: list[InstancePlan],
+                        restarts_left: float, held_back: list[str]) -> dict[str, list[str]]:
     """Name the new instances, reusing the GPUs of previous instances left with nothing: each such GPU takes
-    the new group sharing most adapters with it, so it unloads and loads the fewest. Returns, per reused GPU
-    whose engine must restart, why."""
+    the new group sharing most adapters with it, so it unloads and loads the fewest. A reuse that restarts
+    the engine counts against ``restarts_left``; beyond it the GPU stops and the group starts on a new one
+    (said in ``held_back``). Returns, per reused GPU whose engine must restart, why."""
     unnamed = list(new)
     restarted: dict[str, list[str]] = {}
     for prev in free:
         if not unnamed:
             break
-        inst = max(unnamed, key=lambda i: len(set(i.adapters) & set(prev.adapters)))  # first on ties
+        running = (prev.a_max, prev.max_lora_rank, prev.max_cpu_loras)
+        options = [(inst, *engine_change(running, inst.a_max, inst.max_lora_rank, len(inst.adapters),
+                                         "a new group of adapters takes over this GPU"))
+                   for inst in sorted(unnamed, key=lambda i: -len(set(i.adapters) & set(prev.adapters)))]
+        allowed = [o for o in options if not o[2] or len(restarted) < restarts_left]
+        if not allowed:
+            held_back.append(f"{prev.instance_id} stops rather than restart for a new group of adapters "
+                             f"({options[0][2][0].split(':')[0]}): --max-restarts allows no more restarts")
+            continue
+        inst, settings, why = allowed[0]
         unnamed.remove(inst)
         inst.instance_id = prev.instance_id
-        why = _settings_changed(prev, inst)
+        inst.a_max, inst.max_lora_rank, inst.max_cpu_loras = settings
         if why:
             restarted[prev.instance_id] = why
-        else:
-            inst.max_cpu_loras = prev.max_cpu_loras
     next_id = 1 + max((_instance_number(p.instance_id) for p in previous.instances), default=-1)
     for k, inst in enumerate(unnamed):
         inst.instance_id = f"gpu-{next_id + k}"
     return restarted
 
 
-def _settings_changed(prev: InstancePlan, inst: InstancePlan) -> list[str]:
-    """The start-up settings ``inst`` needs that ``prev``'s engine was not started with."""
-    why = []
-    if inst.a_max != prev.a_max:
-        why.append(f"--max-loras {prev.a_max} -> {inst.a_max}: a new group of adapters takes over this GPU")
-    if inst.max_lora_rank != prev.max_lora_rank:
-        why.append(f"--max-lora-rank {prev.max_lora_rank} -> {inst.max_lora_rank}: the largest rank it serves")
-    if max(len(inst.adapters), inst.a_max) > prev.max_cpu_loras:
-        why.append(f"--max-cpu-loras {prev.max_cpu_loras} -> {inst.max_cpu_loras}: it holds {len(inst.adapters)} "
-                   "adapters, more than the engine keeps in host memory")
-    return why
+def engine_change(running: tuple[int, int, int], a_max: int, max_lora_rank: int, n_adapters: int,
+                  why: str) -> tuple[tuple[int, int, int], list[str]]:
+    """An engine started with ``running`` (--max-loras, --max-lora-rank, --max-cpu-loras) that must serve
+    ``n_adapters`` at ``a_max`` and ``max_lora_rank``: the settings it then runs with, and one reason per
+    setting that differs from ``running`` (none: no restart). Host slots that still hold every adapter
+    stay as started; ``why`` is the reason of a new --max-loras."""
+    old_a_max, old_rank, old_cpu = running
+    cpu = old_cpu if old_cpu >= max(n_adapters, a_max) else cpu_slots(n_adapters, a_max)
+    reasons = []
+    if a_max != old_a_max:
+        reasons.append(f"--max-loras {old_a_max} -> {a_max}: {why}")
+    if max_lora_rank != old_rank:
+        reasons.append(f"--max-lora-rank {old_rank} -> {max_lora_rank}: the largest rank it serves")
+    if cpu != old_cpu:
+        reasons.append(f"--max-cpu-loras {old_cpu} -> {cpu}: it holds {n_adapters} adapters and loads up to "
+                       f"{a_max} at once, more than the engine kept in host memory")
+    return (a_max, max_lora_rank, cpu), reasons
 
 
 def _instance_number(instance_id: str) -> int:

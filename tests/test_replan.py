@@ -216,3 +216,67 @@ def test_a_gpu_left_with_nothing_is_dropped_not_kept_empty(tmp_path):
     work.fix_short()
     assert all(s.shares for s in work.slots)
     assert {f.instance_id for f in work.freed} == set(replicas)  # free for new groups to take over
+
+
+ENGINE_FLAGS = {"max_loras": "--max-loras", "max_lora_rank": "--max-lora-rank", "max_cpu_loras": "--max-cpu-loras"}
+
+
+def _nights_of_hot_adapters(tmp_path, *cap):
+    """Hot adapters come and go: GPUs serving one hot replica are freed and new groups need other settings.
+    Yields each night's previous plan, new plan and changes."""
+    nights = list(fleet_nights("hot", 150, 0, 4))
+    write_workload_csv(nights[0], tmp_path / "w.csv")
+    assert _run("plan", tmp_path / "w.csv", "--out", tmp_path / "plan.json").exit_code == 0
+    for wl in nights[1:]:
+        before = json.loads((tmp_path / "plan.json").read_text())
+        write_workload_csv(wl, tmp_path / "n.csv")
+        res = _run("replan", tmp_path / "n.csv", "--previous", tmp_path / "plan.json", "--out", tmp_path / "plan.json",
+                   *cap, "--json")
+        assert res.exit_code == 0, res.output
+        after = json.loads(res.stdout)
+        yield before, after, after["changes"]
+
+
+def _engine_args(doc) -> dict[str, dict]:
+    return {i["instance_id"]: {k: i["engine_args"][k] for k in ENGINE_FLAGS} for i in doc["instances"]}
+
+
+def test_max_restarts_is_a_hard_limit_and_a_night_says_what_it_held_back(tmp_path):
+    """With --max-restarts 0 no engine restarts, not even a freed GPU taken over by a new group of adapters
+    with other settings (it stops and the group starts on a new GPU); the night says so."""
+    held = []
+    for before, after, ch in _nights_of_hot_adapters(tmp_path, "--max-restarts", "0"):
+        assert ch["restarts"] == [] and not any(i["restart"] for i in ch["instances"])
+        old, new = _engine_args(before), _engine_args(after)
+        assert all(new[iid] == old[iid] for iid in new if iid in old)  # every GPU kept runs as started
+        held += ch["held_back"]
+        assert after["summary"]["all_ok"]
+    assert any("--max-restarts" in why for why in held)
+
+
+def test_every_restart_names_every_setting_that_changed_and_no_other(tmp_path):
+    restarts = 0
+    for before, after, ch in _nights_of_hot_adapters(tmp_path):
+        old, new = _engine_args(before), _engine_args(after)
+        for inst in ch["instances"]:
+            iid = inst["instance_id"]
+            if iid not in old:
+                continue
+            changed = {ENGINE_FLAGS[k] for k in ENGINE_FLAGS if old[iid][k] != new[iid][k]}
+            named = {why.split(" ", 1)[0] for why in inst["restart_because"]}
+            assert changed == named and inst["restart"] == bool(changed), (iid, old[iid], new[iid], inst)
+            restarts += inst["restart"]
+            for why in inst["restart_because"]:  # a GPU said to be emptied gave up adapters
+                if "took adapters of gpu-" in why:
+                    emptied = why.split("took adapters of ", 1)[1].split(",")[0]
+                    assert any(emptied in m["from"] for m in ch["moves"]), why
+    assert restarts  # the nights do restart engines when nothing caps them
+
+
+def test_an_engine_change_names_a_host_slot_change():
+    from planner.replan import engine_change
+
+    settings, why = engine_change((1, 16, 2), 2, 16, 3, "it took more adapters")
+    assert settings == (2, 16, 4)
+    assert [w.split(":")[0] for w in why] == ["--max-loras 1 -> 2", "--max-cpu-loras 2 -> 4"]
+    assert engine_change((4, 16, 10), 4, 16, 6, "x") == ((4, 16, 10), [])  # host slots that still hold all stay
