@@ -122,7 +122,12 @@ def plan(workload, profile_id, gpus, algorithm, predictor_kind, policy, policy_p
                        jobs=jobs_or_cores(jobs), tail_factor=tail_setting(tail_factor), size_scaled=size_margin,
                        **slo_settings(objective, max_ttft, max_tpot, min_served, slowdown))
     t0 = time.perf_counter()
-    placement = make_plan(workload, wl, profile, predictor, opts, progress=say)
+    try:
+        placement = make_plan(workload, wl, profile, predictor, opts, progress=say)
+    except InfeasibleError as exc:
+        if gpus is None:
+            raise
+        raise InfeasibleError(f"{exc}; {gpus_needed(workload, wl, profile, predictor, opts)}") from None
     placement.inputs["plan_wall_s"] = round(time.perf_counter() - t0, 6)
     s = placement.summary()
     if out and s["all_ok"]:
@@ -135,8 +140,26 @@ def plan(workload, profile_id, gpus, algorithm, predictor_kind, policy, policy_p
     if out and s["all_ok"] and fmt == "table" and not as_json:
         click.echo(f"placement written to {out}")
     if not s["all_ok"]:
+        needed = "" if gpus is None else f"; {gpus_needed(workload, wl, profile, predictor, opts)}"
         raise InfeasibleError(f"the {algorithm} plan has {s['failing']} GPU(s) that fail "
-                              f"({s['memory_errors']} would not start); no placement written")
+                              f"({s['memory_errors']} would not start); no placement written{needed}")
+
+
+def gpus_needed(workload, wl, profile, predictor, opts) -> str:
+    """How many GPUs a greedy plan of ``wl`` needs, in words, for a plan that ``--gpus`` left short."""
+    from dataclasses import replace
+
+    from planner.plan import make_plan
+    from twin import InfeasibleError
+
+    say(f"--gpus {opts.gpus} is not enough: planning without it to count the GPUs needed")
+    try:
+        needed = make_plan(workload, wl, profile, predictor, replace(opts, gpus=None, algorithm="greedy")).summary()
+    except InfeasibleError as exc:
+        return f"without --gpus no plan passes either ({exc})"
+    if not needed["all_ok"]:
+        return f"without --gpus no plan passes either ({needed['failing']} GPU(s) fail)"
+    return f"a greedy plan of this workload needs {needed['gpus']} GPUs: give --gpus {needed['gpus']} or more"
 
 
 @click.command(epilog=EVALUATE_EPILOG)
@@ -171,7 +194,7 @@ def evaluate(placement_file, workload, profile_id, duration, seed, load, arrival
     """
     from planner.evaluate import evaluate_placement, judging_run, plan_bar
     from planner.placement import read_placement
-    from planner.verdict import bounds_words
+    from planner.verdict import bounds_words, tightened_words
     from planner.workload_csv import read_workload
     from twin import InfeasibleError, UnpredictableArrivals, load_profile
     from twin.policies.spec import policy_label
@@ -197,6 +220,11 @@ def evaluate(placement_file, workload, profile_id, duration, seed, load, arrival
         click.echo(f"each GPU must: {bar.describe()} (twin: {run.describe_length()}, {seeds}, "
                    f"{'the traffic itself' if run.load == 1.0 else f'{run.load:g} x the traffic'}"
                    f"{', more where request sizes vary' if run.size_scaled and run.load > 1.0 else ''})")
+        tight = tightened_words([(i.instance_id, (i.figures or {}).get("max_ttft_ms"),
+                                  (i.figures or {}).get("max_tpot_ms")) for i in ev.instances],
+                                bar.max_ttft_s, bar.max_tpot_ms)
+        if tight:
+            click.echo(tight)
         for i in ev.instances:
             f = i.figures
             if f is None:  # it never ran: a memory error, or no adapter to serve

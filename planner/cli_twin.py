@@ -22,7 +22,7 @@ Example:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @user_errors
 def profiles(as_json: bool) -> None:
-    """List the shipped profiles with their provenance.
+    """List the shipped profiles with their provenance and safety margins.
 
     \b
     Example:
@@ -38,6 +38,7 @@ def profiles(as_json: bool) -> None:
             "lora_ranks": list(p.kv.lora_ranks),
             "max_a_max": {str(r): p.kv.max_a_max(r) for r in p.kv.lora_ranks},
             "latency_models": ["default", *p.step_latency_variants],
+            "safety_margin": {"throughput": p.planning_slowdown("throughput"), "slo": p.planning_slowdown("slo")},
             "provenance": p.provenance,
         })
     if as_json:
@@ -48,6 +49,9 @@ def profiles(as_json: bool) -> None:
         click.echo(f"{it['profile_id']}{mark}\n  {it['description']}")
         click.echo(f"  ranks {it['lora_ranks']}, largest --max-loras that starts per rank: {it['max_a_max']}")
         click.echo(f"  latency models: {', '.join(it['latency_models'])}")
+        margin = it["safety_margin"]
+        click.echo(f"  safety margin: GPUs judged in a twin {margin['slo']:g}x slower than the profile for the SLO, "
+                   f"{margin['throughput']:g}x for the served share alone (--objective throughput)")
         click.echo(f"  from: {it['provenance'].get('study') or it['provenance'].get('kind')}")
         click.echo(f"  rebuild: {it['provenance'].get('command', '-')}\n")
 

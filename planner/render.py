@@ -8,7 +8,7 @@ from collections import Counter
 from pathlib import PurePosixPath
 
 from planner.placement import InstancePlan, Placement
-from planner.verdict import bounds_words, run_length_words
+from planner.verdict import bounds_words, run_length_words, tightened_words
 from planner.workload_csv import printable
 from twin.policies.spec import policy_label
 
@@ -76,7 +76,12 @@ def render_table(p: Placement) -> str:
                      f"{'the defaults' if own else 'at the defaults'})"
                      + (f", log-normal with CV {ln['length_cv']:g}" if ln.get("length_cv") else ""))
     if "confirmation" in p.inputs:
-        lines.append(slo_line(p.inputs["confirmation"]))
+        c = p.inputs["confirmation"]
+        lines.append(slo_line(c))
+        tight = tightened_words([(i.instance_id, (i.twin or {}).get("max_ttft_ms"), (i.twin or {}).get("max_tpot_ms"))
+                                 for i in p.instances], c.get("max_ttft_s"), c.get("max_tpot_ms"))
+        if tight:
+            lines.append(tight)
     else:
         lines.append("predicted by the plan's predictor alone (--no-confirm): not judged in the twin")
     if judged:

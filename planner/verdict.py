@@ -68,6 +68,7 @@ twin passes holds on the real one too (benchmarks/fidelity/edge_margin.py).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -203,19 +204,20 @@ class TwinCheck:
                 & ~(self.ttft_ms_p999 > self.max_ttft_p999_ms) & ~(self.tpot_ms_p99 > self.tpot_bound_ms))
 
     def misses(self, k: int, bar: ServiceBar) -> list[str]:
-        """What GPU ``k`` misses, in words (empty when it passes)."""
+        """What GPU ``k`` misses, in words (empty when it passes), each figure with the digits that show it
+        beyond its limit."""
         out = []
         if self.ratio[k] < bar.min_served:
-            out.append(f"serves {self.ratio[k]:.1%} < {bar.min_served:.0%}")
+            out.append(f"serves {beyond(self.ratio[k] * 100, bar.min_served * 100, '%', below=True)}")
         if self.ttft_ms_p99[k] > self.max_ttft_ms[k]:
-            out.append(f"p99 TTFT {self.ttft_ms_p99[k] / 1000:,.1f} s > {self.max_ttft_ms[k] / 1000:g} s")
+            out.append(f"p99 TTFT {beyond(self.ttft_ms_p99[k] / 1000, self.max_ttft_ms[k] / 1000, ' s')}")
         if self.tpot_ms_p99[k] > self.max_tpot_ms[k]:
-            out.append(f"p99 TPOT {self.tpot_ms_p99[k]:,.1f} ms > {self.max_tpot_ms[k]:g} ms")
+            out.append(f"p99 TPOT {beyond(self.tpot_ms_p99[k], self.max_tpot_ms[k], ' ms')}")
         elif self.tpot_ms_p99[k] > self.tpot_bound_ms[k]:
-            out.append(f"p99 TPOT {self.tpot_ms_p99[k]:,.1f} ms > {self.tpot_bound_ms[k]:g} ms (a judging run's "
+            out.append(f"p99 TPOT {beyond(self.tpot_ms_p99[k], self.tpot_bound_ms[k], ' ms')} (a judging run's "
                        f"room for the arrival seed under {self.max_tpot_ms[k]:g} ms)")
         if self.ttft_ms_p999[k] > self.max_ttft_p999_ms[k]:
-            out.append(f"p99.9 TTFT {self.ttft_ms_p999[k] / 1000:,.0f} s > {self.max_ttft_p999_ms[k] / 1000:g} s "
+            out.append(f"p99.9 TTFT {beyond(self.ttft_ms_p999[k] / 1000, self.max_ttft_p999_ms[k] / 1000, ' s')} "
                        "(requests left waiting for a LoRA slot)")
         return out
 
@@ -335,6 +337,41 @@ class TwinRun:
                 "size_scaled": self.size_scaled,
                 **({"min_requests": self.min_requests, "max_duration_s": self.max_duration_s} if self.min_requests
                    else {})}
+
+
+def beyond(value: float, limit: float, unit: str, below: bool = False) -> str:
+    """``value`` against the ``limit`` it misses ("0.2004 s > 0.2 s"), with the fewest decimals (at least one)
+    that show the miss, rounded towards the limit so the digits never overstate it; ``below``: a floor
+    ("94.96% < 95%")."""
+    text = repr(float(value))
+    for decimals in range(1, 18):
+        scale = 10.0 ** decimals
+        shown = (math.ceil(value * scale) if below else math.floor(value * scale)) / scale
+        if (shown < limit) if below else (shown > limit):
+            text = f"{shown:,.{decimals}f}"
+            break
+    bound = f"{limit:g}" if float(f"{limit:g}") == limit else repr(float(limit))
+    return f"{text}{unit} {'<' if below else '>'} {bound}{unit}"
+
+
+def tightened_words(limits: list[tuple[str, float | None, float | None]], max_ttft_s: float | None,
+                    max_tpot_ms: float | None, shown: int = 5) -> str | None:
+    """The GPUs whose adapters' own limits (the workload's ``max_ttft_s`` / ``max_tpot_ms``) tighten the SLO,
+    in words; ``limits``: per GPU its id and the p99 TTFT (ms) and TPOT (ms) limits it was judged by. None when
+    no GPU is tightened."""
+    tight = []
+    for instance_id, ttft_ms, tpot_ms in limits:
+        parts = []
+        if ttft_ms is not None and (max_ttft_s is None or ttft_ms < max_ttft_s * 1000):
+            parts.append(f"p99 TTFT <= {ttft_ms / 1000:g} s")
+        if tpot_ms is not None and (max_tpot_ms is None or tpot_ms < max_tpot_ms):
+            parts.append(f"p99 TPOT <= {tpot_ms:g} ms")
+        if parts:
+            tight.append(f"{instance_id} {' and '.join(parts)}")
+    if not tight:
+        return None
+    more = f" and {len(tight) - shown} more" if len(tight) > shown else ""
+    return (f"tighter on {len(tight)} GPU(s) by their adapters' own limits: {', '.join(tight[:shown])}{more}")
 
 
 def bounds_words(tail_factor: float | None, tpot_factor: float | None, max_ttft_s: float | None,
