@@ -12,7 +12,7 @@ import sys
 
 import click
 
-from planner.formats import FORMATS, render
+from planner.formats import FORMATS, launch_model, render
 from planner.verdict import TAIL_FACTOR
 from twin.atomic import json_safe
 from twin.errors import LoraPlannerError
@@ -132,7 +132,8 @@ def render_options(fn):
     fn = click.option("--adapter-dir", default=None,
                       help="Where adapters without a 'path' column live (DIR/<adapter_id>) [vllm: adapters; "
                            "k8s/llm-d/aibrix: /adapters, in the container, from the 'lora-adapters' volume claim].")(fn)
-    fn = click.option("--model", default=None, help="The model path or name vLLM loads [the profile's model].")(fn)
+    fn = click.option("--model", default=None, help="What vLLM loads: a Hugging Face id (org/name) or a path [the "
+                      "profile's Hugging Face id; launch formats need one].")(fn)
     fn = click.option("--json", "as_json", is_flag=True, help="Same as --format json.")(fn)
     return click.option("--format", "fmt", type=click.Choice(FORMATS),
                         default="table", show_default=True,
@@ -144,6 +145,7 @@ def render_options(fn):
 def show_placement(placement, profile, fmt: str, as_json: bool, model: str | None, port_base: int,
                    adapter_dir: str | None, image: str | None = None, manifest_name: str = "lora") -> None:
     """Print ``placement`` as the :func:`render_options` ask."""
+    fmt = "json" if as_json else fmt
     image = image or f"vllm/vllm-openai:v{profile.engine.version}"
-    click.echo(render(placement, "json" if as_json else fmt, model or profile.model.get("name", "MODEL"), port_base,
-                      adapter_dir, image, manifest_name))
+    click.echo(render(placement, fmt, launch_model(fmt, model, profile.model), port_base, adapter_dir, image,
+                      manifest_name))

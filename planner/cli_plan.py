@@ -20,6 +20,7 @@ from planner.cli_common import (
     tail_setting,
     user_errors,
 )
+from planner.formats import launch_model
 from twin.progress import counter, say
 
 PLAN_EPILOG = """\b
@@ -115,6 +116,7 @@ def plan(workload, profile_id, gpus, algorithm, predictor_kind, policy, policy_p
     if out:
         check_writable(out, "--out")
     profile = load_profile(profile_id or DEFAULT_PROFILE_ID)
+    launch_model("json" if as_json else fmt, model, profile.model)  # refused before any work
     wl = read_workload(workload, profile)
     predictor = load_predictor_for(profile, predictor_kind, policy_from_cli(policy, policy_params))
     opts = PlanOptions(algorithm=algorithm, gpus=gpus, headroom=headroom, seed=seed, input_tokens=input_tokens,
@@ -315,6 +317,7 @@ def replan(workload, previous_file, out, profile_id, gpus, predictor_kind, headr
     with exclusive(out):
         previous = read_placement(previous_file)
         profile = load_profile(profile_id or previous.inputs.get("profile_id"))
+        launch_model("json" if as_json else fmt, model, profile.model)  # refused before any work
         wl = read_workload(workload, profile)
         policy = policy_from_record(previous.inputs.get("policy"))
         objective_given = click.get_current_context().get_parameter_source("objective").name != "DEFAULT"
@@ -470,11 +473,9 @@ def render(placement_file, fmt, as_json, model, adapter_dir, port_base, image, m
     each adapter is read from --adapter-dir/<adapter_id> on the 'lora-adapters' volume claim (a workload path
     under --adapter-dir is kept; a host path is not in the pod), and a --model path from the 'lora-models'
     claim mounted at its parent directory."""
-    from planner.formats import launch_model
     from planner.placement import read_placement
     from twin import load_profile
 
     placement = read_placement(placement_file)
     profile = load_profile(placement.inputs.get("profile_id"))
-    model = launch_model("json" if as_json else fmt, model, profile.model)
     show_placement(placement, profile, fmt, as_json, model, port_base, adapter_dir, image, manifest_name)

@@ -83,3 +83,17 @@ def test_profiles_shows_the_safety_margins_the_readme_lists():
         served, slo = (float(x) for x in cell.split("/"))
         assert (margins[pid]["throughput"], margins[pid]["slo"]) == (served, slo), pid
         assert f"{slo:g}x slower than the profile for the SLO, {served:g}x for the served share" in text
+
+
+def test_a_launch_format_without_a_loadable_model_is_refused_before_any_plan(tmp_path):
+    """plan and replan print launch lines as render does: never a bare model name, and a refusal writes nothing."""
+    wl = tmp_path / "w.csv"
+    wl.write_text(TIGHT)
+    res = _run("plan", wl, "--format", "k8s", "--out", tmp_path / "p.json")
+    assert res.exit_code == 2 and "--model" in res.output and not (tmp_path / "p.json").exists()
+    assert _run("plan", wl, "--out", tmp_path / "p.json").exit_code == 0
+    before = (tmp_path / "p.json").read_bytes()
+    res = _run("replan", wl, "--previous", tmp_path / "p.json", "--out", tmp_path / "p.json", "--format", "vllm")
+    assert res.exit_code == 2 and (tmp_path / "p.json").read_bytes() == before
+    res = _run("plan", wl, "--format", "vllm", "--model", "meta-llama/Llama-3.1-8B-Instruct")
+    assert res.exit_code == 0 and "--model=meta-llama/Llama-3.1-8B-Instruct" in res.output
