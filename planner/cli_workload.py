@@ -10,9 +10,10 @@ from planner.cli_common import user_errors
 
 EPILOG_LOG = """\b
 Examples:
-  planner workload from-log gateway-*.jsonl --ranks adapters.csv --out next-day.csv
+  planner workload from-log gateway-*.jsonl.gz --ranks adapters.csv --out next-day.csv
   planner workload from-log spend-logs.json --format litellm --ranks adapters.csv --for next-hour --out w.csv
-  planner workload from-log requests.parquet --default-rank 16 --quantile 1 --out w.csv   # the busiest hour
+  planner workload from-log gw.jsonl --default-rank 16 --base-model meta-llama/Llama-3.1-8B-Instruct --out w.csv
+  planner workload from-log requests.parquet --default-rank 16 --base-model none --quantile 1 --out w.csv
 \b
 A log line is one request: its time, the model (adapter) asked for, prompt and completion tokens.
 Logs may be gzip, unsorted, and several (of one fleet); they are counted per adapter and hour as they are

@@ -2,7 +2,8 @@
 
 A plan must hold at the busiest hour of the period it covers, not at the period's mean: an adapter
 averaging 1 req/s over a day may see 2.5 at its daily peak. Each adapter's past traffic is cut into
-windows of ``bin_s`` (an hour) and its rate in each is counted; the planned rate is then:
+windows of ``bin_s`` (an hour), and its rate in each is its requests over the part of the window the logs
+cover (:func:`observed_rates`); the planned rate is then:
 
 * ``quantile``: the ``q`` quantile (default 0.95) of its hourly rates over the last ``window_s``. With
   ``q`` = 1 it is the busiest hour seen. Needs no seasonality, and over a week of history covers the

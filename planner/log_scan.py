@@ -38,7 +38,7 @@ MAX_DEPTH = 64  # nesting the fast path follows; deeper lines go to the exact pa
 _TWO53 = 9007199254740992
 _POW10 = np.array([10.0 ** k for k in range(23)])
 _WS = np.zeros(256, np.bool_)
-_WS[[0x20, 0x09, 0x0A, 0x0D]] = True
+_WS[[0x20, 0x09, 0x0D]] = True  # JSON's whitespace but the newline, which ends a line: nothing read crosses it
 _BLANK = np.zeros(256, np.bool_)
 _BLANK[[0x20, 0x09, 0x0D, 0x0B, 0x0C]] = True
 
@@ -469,9 +469,10 @@ def _tokens(b, i, e, num):
 
 
 @njit(cache=True, nogil=True)
-def _usage(b, i, e, stack, num, found):
-    """The ``usage`` object at b[i]: its prompt and completion token counts into found (NaN: absent, null)."""
-    found[0] = found[1] = np.nan
+def _usage(b, i, e, stack, num, tokens):
+    """The ``usage`` object at b[i]: its prompt and completion token counts into tokens[2:4] (NaN: absent or
+    null)."""
+    tokens[2] = tokens[3] = np.nan
     j = _ws(b, i + 1, e)
     if j < e and b[j] == 0x7D:
         return j + 1
@@ -482,7 +483,7 @@ def _usage(b, i, e, stack, num, found):
             return _FALLBACK
         if key == K_PROMPT or key == K_COMPLETION:
             v, i = _tokens(b, i, e, num)
-            found[key - K_PROMPT] = v
+            tokens[2 + key - K_PROMPT] = v
         else:
             i = _skip(b, i, e, stack, num)
         if i < 0:
@@ -499,22 +500,24 @@ def _usage(b, i, e, stack, num, found):
 
 @njit(cache=True, nogil=True)
 def _record(b, s, e, litellm, stack, num, times, model, tokens, rec):
-    """The record on the line b[s:e] into rec: time, prompt tokens, completion tokens, the model's first and
-    end byte. Returns 1 (a record), 0 (a blank line) or _FALLBACK. times, model, tokens: work arrays."""
+    """The record on the line from b[s] (up to a newline or e) into rec: time, prompt tokens, completion tokens,
+    the model's first and end byte. Returns 1 (a record) or 0 (a blank line) with the line's end, or _FALLBACK
+    (the end unknown). times, model, tokens: work arrays."""
     i = _ws(b, s, e)
     if i == e or b[i] != 0x7B:
         while s < e and _BLANK[b[s]]:
             s += 1
-        return 0 if s == e else _FALLBACK
-    times[:] = np.nan  # per time key (NaN: absent)
-    model[:] = -1  # model's start, end; model_group's (start -2: null)
-    tokens[:] = -1.0  # prompt, completion at top level (-1: absent, NaN: null); in usage (NaN: absent)
-    tokens[2:] = np.nan
+        return (0, s) if s == e or b[s] == 0x0A else (_FALLBACK, -1)
+    for k in range(times.size):  # element by element: a slice is a new array each line
+        times[k] = np.nan  # per time key (NaN: absent)
+    model[0] = model[1] = model[2] = model[3] = -1  # model's start, end; model_group's (start -2: null)
+    tokens[0] = tokens[1] = -1.0  # prompt, completion at top level (-1: absent, NaN: null)
+    tokens[2] = tokens[3] = np.nan  # in usage (NaN: absent or null)
     i += 1
     while True:
         key, i = _member_key(b, i, e)
         if i < 0:
-            return _FALLBACK
+            return _FALLBACK, -1
         if 0 <= key < len(TIME_KEYS) and (not litellm or key == START_TIME):
             v, i = _time(b, i, e, num)
             times[key] = v
@@ -528,46 +531,47 @@ def _record(b, s, e, litellm, stack, num, times, model, tokens, rec):
                 model[slot] = -2
                 i += 4
             else:
-                return _FALLBACK
+                return _FALLBACK, -1
         elif key == K_PROMPT or key == K_COMPLETION:
             v, i = _tokens(b, i, e, num)
             tokens[key - K_PROMPT] = v
         elif key == K_USAGE and b[i] == 0x7B:
-            i = _usage(b, i, e, stack, num, tokens[2:])
+            i = _usage(b, i, e, stack, num, tokens)
         else:
             if key == K_USAGE:
-                tokens[2:] = np.nan  # not an object: no usage
+                tokens[2] = tokens[3] = np.nan  # not an object: no usage
             i = _skip(b, i, e, stack, num)
         if i < 0:
-            return _FALLBACK
+            return _FALLBACK, -1
         i = _ws(b, i, e)
         if i >= e:
-            return _FALLBACK
+            return _FALLBACK, -1
         if b[i] == 0x7D:
             break
         if b[i] != 0x2C:
-            return _FALLBACK
+            return _FALLBACK, -1
         i += 1
-    if _ws(b, i + 1, e) != e:
-        return _FALLBACK
+    i = _ws(b, i + 1, e)
+    if i < e and b[i] != 0x0A:
+        return _FALLBACK, -1
     t = np.nan
     for k in range(len(TIME_KEYS)):
         if not np.isnan(times[k]):
             t = times[k]
             break
     if np.isnan(t):
-        return _FALLBACK  # no time: the exact path says so
+        return _FALLBACK, -1  # no time: the exact path says so
     if litellm and model[3] > model[2] >= 0:
         ms, me = model[2], model[3]
     else:
         ms, me = model[0], model[1]
     if me <= ms or ms < 0:
-        return _FALLBACK
+        return _FALLBACK, -1
     rec[0] = t
     for k in range(2):
         rec[1 + k] = tokens[2 + k] if tokens[k] == -1.0 else tokens[k]
     rec[3], rec[4] = ms, me
-    return 1
+    return 1, i
 
 
 @njit(cache=True, nogil=True)
@@ -588,11 +592,14 @@ def scan(b, pos, litellm, slots, hashes, start, length, store, state,
         if n == out_id.size or nf == fb_start.size:
             status = FULL
             break
-        e = pos
-        while e < b.size and b[e] != 0x0A:
-            e += 1
-        got = _record(b, pos, e, litellm, stack, num, times, model, tokens, rec)
-        if got == 1:
+        got, e = _record(b, pos, b.size, litellm, stack, num, times, model, tokens, rec)
+        if got == _FALLBACK:
+            e = pos
+            while e < b.size and b[e] != 0x0A:
+                e += 1
+            fb_start[nf], fb_end[nf] = pos, e
+            nf += 1
+        elif got == 1:
             k = _lookup(b, np.int64(rec[3]), np.int64(rec[4]), slots, hashes, start, length, store, state)
             if k < 0:
                 status = GROW
@@ -601,9 +608,6 @@ def scan(b, pos, litellm, slots, hashes, start, length, store, state,
             out_t[n], out_p[n], out_c[n] = rec[0], rec[1], rec[2]
             out_off[n] = pos
             n += 1
-        elif got == _FALLBACK:
-            fb_start[nf], fb_end[nf] = pos, e
-            nf += 1
         pos = e + 1
     counts[0], counts[1] = n, nf
     return status, min(pos, b.size)

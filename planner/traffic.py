@@ -134,11 +134,11 @@ class _Reader:
         self.keep = np.zeros(0, np.bool_)
         self.tally = Tally()
 
-    def admit(self, k: int, where: str) -> None:
-        """Model id ``k``, first met at ``where``: counted, left out (the base model), or the read stops."""
+    def admit(self, k: int, where: Callable[[], str]) -> None:
+        """Model id ``k``, first met at ``where()``: counted, left out (the base model), or the read stops."""
         name = self.names.text[k]
         if k >= MAX_ADAPTERS:
-            raise BadInputError(f"{where}: the logs name more than {MAX_ADAPTERS:,} models ({name!r} the next); a "
+            raise BadInputError(f"{where()}: the logs name more than {MAX_ADAPTERS:,} models ({name!r} the next); a "
                                 f"workload holds at most {MAX_ADAPTERS:,} adapters")
         if self.keep.size < len(self.names):
             self.keep = np.concatenate([self.keep, np.zeros(max(len(self.names), 2 * self.keep.size, 64)
@@ -146,14 +146,14 @@ class _Reader:
         excluded = self.ranks is not None and self.ranks.excluded(name)
         problem = None if excluded or self.ranks is None else self.ranks.problem(name)
         if problem:
-            raise BadInputError(f"{where}: {problem}")
+            raise BadInputError(f"{where()}: {problem}")
         self.keep[k] = not excluded
 
     def model_id(self, name: str, where: str) -> int:
         before = len(self.names)
         k = self.names.id_of(name)
         if k >= before:
-            self.admit(k, where)
+            self.admit(k, lambda: where)
         return k
 
     def count(self, ids, t, prompt, completion, where_of: Callable[[int], str]) -> None:
@@ -234,7 +234,7 @@ def _admit_and_count(reader: _Reader, known: int, fast: dict, chunk: bytes, fb_s
     for k, offset in sorted(first.items(), key=lambda item: item[1]):
         if failure is not None and failure[0] < offset:
             break
-        reader.admit(k, at(offset))
+        reader.admit(k, lambda offset=offset: at(offset))
     if failure is not None:
         raise failure[1]
     reader.count(fast["ids"], fast["t"], fast["p"], fast["c"], lambda i: at(int(fast["off"][i])))
