@@ -6,8 +6,10 @@ import copy
 import importlib
 import os
 
+import numpy as np
 import pytest
 
+from twin import core
 from twin.profile import SCHEMA_VERSION, profile_from_dict
 
 BASE_PROFILE = {
@@ -55,6 +57,40 @@ def make_profile_dict(**changes):
         else:
             node[keys[-1]] = value
     return d
+
+
+def random_core_args(rng):
+    """``twin.core.simulate_core``'s arguments but the trace capacity and ITL edges, for a random small engine and
+    workload over extreme settings (one-token budgets and blocks, one sequence, zero-time steps)."""
+    n_ad = int(rng.choice([1, 3, 12]))
+    block = int(rng.choice([1, 4, 16, 128]))
+    budget = int(rng.choice([1, 16, 64, 512]))
+    duration = float(rng.choice([3.0, 10.0]))
+    n = int(rng.poisson(rng.choice([5, 30, 120]) * duration))
+    arrival = np.sort(rng.uniform(0, duration, n))
+    if rng.random() < 0.3:  # many requests arriving together
+        arrival = np.round(arrival)
+    adapter = rng.choice(n_ad, n, p=rng.dirichlet(np.ones(n_ad))).astype(np.int64)
+    cv = float(rng.choice([0.0, 1.0, 3.0]))
+
+    def lengths(mean):
+        if cv == 0:
+            return np.full(n, mean, np.int32)
+        s2 = np.log1p(cv * cv)
+        return np.maximum(1, np.rint(rng.lognormal(np.log(mean) - s2 / 2, np.sqrt(s2), n))).astype(np.int32)
+
+    in_len, out_len = lengths(int(rng.choice([1, 16, 300]))), lengths(int(rng.choice([1, 3, 100])))
+    ad_start, ad_list = core.group_by(adapter, n_ad)
+    lat = np.array([rng.uniform(0, 0.5), rng.uniform(1, 12), rng.uniform(0, 0.3), rng.uniform(0, 2), 100.0,
+                    rng.uniform(0, 4), rng.uniform(0, 0.2), rng.uniform(0, 0.5)])
+    if rng.random() < 0.15:  # steps that take no time: every token of a request lands at one instant
+        lat[:] = 0.0
+        lat[4] = 100.0
+    sched = np.array([rng.uniform(0, 5), rng.uniform(0, 25), rng.uniform(0, 5), 0.0, float(n_ad)])
+    return (arrival, adapter.view(np.uint64), in_len, out_len, ad_start, ad_list, rng.uniform(0, 30, n_ad),
+            duration, int(rng.integers(1, n_ad + 2)), int(rng.choice([1, 3, 20, 300, 5000])), block, budget,
+            int(rng.choice([1, 4, 64, 256])), bool(rng.random() < 0.5), lat, sched,
+            int(rng.choice([0, 0, 2, 50])), float(rng.choice([0.0, 0.5])))
 
 
 @pytest.fixture
