@@ -26,7 +26,8 @@ def test_paper_grid_is_the_studys():
     assert len(pts) == 66 * 120 * 10  # (served, A_max <= served) pairs x rate triples x rank triples
     assert all(a <= s for s, a, _, _ in pts)
     assert len({rc for _, _, rc, _ in pts}) == 120 and len({kc for _, _, _, kc in pts}) == 10
-    assert GridSpec.small().points() == GridSpec.small().points() and len(GridSpec.small().points()) == 300
+    small = GridSpec.small().points()
+    assert len(set(small)) == 300 and set(small) <= set(pts)  # a sample of the study's scenarios
 
 
 def test_resumed_build_equals_a_fresh_one(tmp_path):
