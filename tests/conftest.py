@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import importlib
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -32,16 +33,33 @@ LLAMA_HASH = "ddaff2e6dd613984"  # with the real-run terms carried over from Qwe
 QWEN_HASH = "c8916de80b280b46"  # with its real-run terms (l3, length_cv)
 
 
-#: Set by .ci/run: there the tests of the real vLLM engine must run, so a missing or broken vLLM is an error.
-REQUIRE_VLLM = os.environ.get("LORA_PLANNER_REQUIRE_VLLM") == "1"
+#: Set by .ci/run, where every test must run: a missing or broken optional dependency (vLLM, an extra's
+#: package, the ``prometheus`` program) is then an error instead of a skip. ``LORA_PLANNER_REQUIRE_VLLM=1``,
+#: its first name, still sets it.
+def require_all(environ) -> bool:
+    return "1" in (environ.get("LORA_PLANNER_REQUIRE_ALL"), environ.get("LORA_PLANNER_REQUIRE_VLLM"))
 
 
-def vllm_needs(module: str):
-    """Import ``module`` for a test of real vLLM (mark it ``pytest.mark.vllm``): skipped where it is
-    missing, but an import error where ``LORA_PLANNER_REQUIRE_VLLM=1``."""
-    if REQUIRE_VLLM:
+REQUIRE_ALL = require_all(os.environ)
+
+
+def needs(module: str):
+    """Import ``module``, an optional dependency of a test (of real vLLM: mark it ``pytest.mark.vllm``):
+    skipped where it is missing, but an import error under :data:`REQUIRE_ALL`."""
+    if REQUIRE_ALL:
         return importlib.import_module(module)
     return pytest.importorskip(module)
+
+
+def needs_program(name: str) -> str:
+    """The path of program ``name`` a test runs: skipped where it is not on PATH, but an error under
+    :data:`REQUIRE_ALL`."""
+    path = shutil.which(name)
+    if path is None:
+        if REQUIRE_ALL:
+            raise FileNotFoundError(f"`{name}` is not on PATH (.ci/run installs it)")
+        pytest.skip(f"`{name}` is not on PATH")
+    return path
 
 
 def make_profile_dict(**changes):

@@ -80,14 +80,20 @@ def test_the_check_sees_an_upward_import(tmp_path):
     assert imported_packages(module) == {"planner"}
 
 
-def test_ci_turns_a_missing_vllm_into_an_error(monkeypatch):
-    """Tests of real vLLM skip where it is absent, except under the switch that .ci/run sets."""
+def test_ci_turns_a_missing_dependency_into_an_error(monkeypatch):
+    """Tests needing an optional module or program skip where it is absent, except under the switch that
+    .ci/run sets."""
     import conftest
 
-    assert "export LORA_PLANNER_REQUIRE_VLLM=1" in (ROOT / ".ci" / "run").read_text()
-    monkeypatch.setattr(conftest, "REQUIRE_VLLM", True)
+    assert "export LORA_PLANNER_REQUIRE_ALL=1" in (ROOT / ".ci" / "run").read_text()
+    assert conftest.require_all({"LORA_PLANNER_REQUIRE_VLLM": "1"}) and not conftest.require_all({})
+    monkeypatch.setattr(conftest, "REQUIRE_ALL", True)
     with pytest.raises(ModuleNotFoundError):
-        conftest.vllm_needs("no_such_engine_module")
-    monkeypatch.setattr(conftest, "REQUIRE_VLLM", False)
+        conftest.needs("no_such_engine_module")
+    with pytest.raises(FileNotFoundError):
+        conftest.needs_program("no-such-program")
+    monkeypatch.setattr(conftest, "REQUIRE_ALL", False)
     with pytest.raises(pytest.skip.Exception):
-        conftest.vllm_needs("no_such_engine_module")
+        conftest.needs("no_such_engine_module")
+    with pytest.raises(pytest.skip.Exception):
+        conftest.needs_program("no-such-program")

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from conftest import needs
 
-pytest.importorskip("pyarrow")
+needs("pyarrow")
 import pyarrow.parquet as pq
 
 from models.dataset import GridSpec, build_dataset, read_dataset, run_scenario, work_dir_for
@@ -67,12 +69,8 @@ def test_a_work_dir_of_another_build_is_refused(tmp_path):
         build_dataset(prof, GridSpec.from_dict({"name": "a", **TINY, "duration_s": 31.0}), out, progress=False)
 
 
-def test_ray_backend_without_ray_is_a_clear_error(tmp_path):
-    try:
-        import ray  # noqa: F401
-        pytest.skip("ray is installed")
-    except ImportError:
-        pass
+def test_ray_backend_without_ray_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if it were not installed: `import ray` fails
     with pytest.raises(BadInputError, match="pip install 'ray"):
         build_dataset(load_profile(LLAMA), GridSpec.from_dict({"name": "a", **TINY}), tmp_path / "r.parquet",
                       backend="ray", progress=False)

@@ -16,11 +16,11 @@ import urllib.request
 
 import numpy as np
 import pytest
-from conftest import vllm_needs
+from conftest import needs
 
 pytestmark = pytest.mark.vllm
-vllm_needs("vllm")
-vllm_needs("aiohttp")
+needs("vllm")
+needs("aiohttp")
 
 from serving_harness import synth
 from serving_harness.engine import Engine, EngineConfig

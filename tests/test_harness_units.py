@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import shutil
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import needs, needs_program
 
 from serving_harness import engine, metrics, synth
 from twin import Adapter, Workload, draw_requests
@@ -44,7 +44,7 @@ def test_prometheus_parser_rejects_malformed_lines(bad):
 
 
 def test_metrics_series_keeps_cache_config_and_writes_parquet(tmp_path):
-    pq = pytest.importorskip("pyarrow.parquet")
+    pq = needs("pyarrow.parquet")
     page = metrics.parse_prometheus('vllm:cache_config_info{block_size="128",num_gpu_blocks="64"} 1\n'
                                     'vllm:num_preemptions_total{engine="0"} 4\n')
     series = metrics.MetricsSeries()
@@ -81,7 +81,7 @@ def test_engine_timed_itl_counts_the_requests_finished_between_the_scrapes_insid
 
 
 def test_synthetic_model_tokenizer_and_adapter(tmp_path):
-    pytest.importorskip("safetensors")
+    needs("safetensors")
     from safetensors.numpy import load_file
     from tokenizers import Tokenizer
 
@@ -152,9 +152,7 @@ def test_startup_failures_are_classified_from_the_log():
 
 
 def test_engine_that_exits_at_once_is_a_crashed_result_and_leaves_no_process(tmp_path):
-    false = shutil.which("false")
-    if false is None:
-        pytest.skip("no `false` program")
+    false = needs_program("false")
     # `false -m vllm...` exits at once with no output: a process that dies during start-up.
     with engine.Engine(engine.EngineConfig(model=str(tmp_path)), tmp_path / "log.txt", python=false) as e:
         result = e.start()
@@ -163,7 +161,7 @@ def test_engine_that_exits_at_once_is_a_crashed_result_and_leaves_no_process(tmp
 
 
 def _stub_run(requests, names, window_s, **kwargs):
-    pytest.importorskip("aiohttp")
+    needs("aiohttp")
     from aiohttp import web
 
     from serving_harness import loadgen, stub_server

@@ -6,9 +6,10 @@ import json
 
 import numpy as np
 import pytest
+from conftest import needs
 
-pytest.importorskip("sklearn")
-pytest.importorskip("optuna")
+needs("sklearn")
+needs("optuna")
 
 from models.dataset import GridSpec, build_dataset
 from models.features import FEATURES, engine_terms, feature_row, saturation_tok_s

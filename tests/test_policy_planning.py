@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import LLAMA_HASH
+from conftest import LLAMA_HASH, needs
 
 from models.features import N_FEATURES
 from models.predictor import default_predictor
@@ -111,7 +111,7 @@ def _tiny_artifact(directory, profile, policy):
 
 
 def test_surrogates_are_per_policy(artifacts_root, llama):
-    pytest.importorskip("sklearn")
+    needs("sklearn")
     code, text = cli("plan", SMALL, "--policy", "chameleon", "--predictor", "surrogate")
     assert code == 2 and text.count("\n") == 1 and "no surrogate" in text and "--policy chameleon" in text
     assert default_predictor(llama, CHAMELEON).kind == "twin"
@@ -143,7 +143,7 @@ TINY_GRID = {"name": "tiny", "served": [128], "a_max": [128], "rates": [0.5, 0.2
 
 
 def test_dataset_build_records_the_policy(tmp_path, llama):
-    pq = pytest.importorskip("pyarrow.parquet")
+    pq = needs("pyarrow.parquet")
     from models.dataset import METADATA_KEY, read_dataset
 
     grid = tmp_path / "tiny.json"
@@ -165,7 +165,7 @@ def test_dataset_build_records_the_policy(tmp_path, llama):
 
 
 def test_work_dirs_resume_only_their_own_policy(tmp_path, llama):
-    pytest.importorskip("pyarrow")
+    needs("pyarrow")
     from models.dataset import GridSpec, build_dataset, work_dir_for
 
     grid = GridSpec.from_dict({**TINY_GRID, "served": [4], "a_max": [4], "ranks": [8]})
@@ -188,7 +188,7 @@ def test_work_dirs_resume_only_their_own_policy(tmp_path, llama):
 
 
 def test_training_a_policy_surrogate_refuses_real_runs(tmp_path, llama):
-    pytest.importorskip("sklearn")
+    needs("sklearn")
     from models.train import train_surrogates
 
     with pytest.raises(BadInputError, match="stock vLLM"):

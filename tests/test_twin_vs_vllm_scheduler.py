@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import vllm_needs
+from conftest import needs
 
 from twin import Adapter, SimConfig, Workload, simulate, trace_requests
 from twin.core import EV_ADMITTED, EV_FINISHED, EV_PREEMPTED, EV_SCHEDULED
 
 pytestmark = pytest.mark.vllm
-replay = vllm_needs("serving_harness.v1_scheduler_replay")
-vllm_needs("vllm")
+replay = needs("serving_harness.v1_scheduler_replay")
+needs("vllm")
 
 
 def random_case(seed: int, n_requests=40, n_adapters=4):

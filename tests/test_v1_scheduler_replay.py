@@ -3,10 +3,10 @@
 import sys
 
 import pytest
-from conftest import vllm_needs
+from conftest import needs
 
 pytestmark = pytest.mark.vllm
-vllm_needs("vllm")
+needs("vllm")
 
 from serving_harness.v1_scheduler_replay import ReplayRequest as R
 from serving_harness.v1_scheduler_replay import replay_on_vllm_scheduler

@@ -16,11 +16,11 @@ import subprocess
 import sys
 
 import pytest
-from conftest import vllm_needs
+from conftest import needs
 
 pytestmark = pytest.mark.vllm
-vllm_needs("vllm")
-vllm_needs("aiohttp")
+needs("vllm")
+needs("aiohttp")
 
 
 def planner(*args, cwd):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import json
-import shutil
 import socket
 import subprocess
 import threading
@@ -14,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from conftest import needs_program
 
 from planner.cli import main
 from planner.forecast import DAY, HOUR, Series, forecast
@@ -149,15 +149,8 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def prometheus_binary():
-    """Debian's Prometheus server, installed by the test set-up where it is missing (the suite needs it)."""
-    if shutil.which("prometheus") is None:
-        subprocess.run(["apt-get", "install", "-y", "--no-install-recommends", "prometheus"], check=False,
-                       capture_output=True)
-        if shutil.which("prometheus") is None:
-            subprocess.run(["apt-get", "update"], check=False, capture_output=True)
-            subprocess.run(["apt-get", "install", "-y", "--no-install-recommends", "prometheus"], check=True,
-                           capture_output=True)
-    return shutil.which("prometheus")
+    """Debian's Prometheus server (.ci/run installs it where it is missing)."""
+    return needs_program("prometheus")
 
 
 RATES = {"support-bot": 6.0, "sql-gen": 2.0}  # req/s the exporter counts
