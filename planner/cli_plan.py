@@ -282,8 +282,8 @@ holds the lock on --out (nothing was done). On any failure the files are left as
                    "the SLO forces (a GPU that falls short) are made anyway.")
 @click.option("--max-restarts", type=click.IntRange(min=0), default=None,
               help="Engines that may restart with other start-up settings (--max-loras, --max-lora-rank, "
-                   "--max-cpu-loras), a hard limit: a night that needs more is refused and the previous plan "
-                   "kept [no limit].")
+                   "--max-cpu-loras) [no limit]. Never exceeded: beyond it a GPU keeps its engine (or stops), and "
+                   "a night whose engines no longer fit the profile as started is refused, the plan kept.")
 @click.option("--gpu-tolerance", type=click.IntRange(min=0), default=0, show_default=True,
               help="GPUs above a fresh plan of the same day accepted without consolidating.")
 @confirm_options
