@@ -68,7 +68,6 @@ twin passes holds on the real one too (benchmarks/fidelity/edge_margin.py).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -340,17 +339,17 @@ class TwinRun:
 
 
 def beyond(value: float, limit: float, unit: str, below: bool = False) -> str:
-    """``value`` against the ``limit`` it misses ("0.2004 s > 0.2 s"), with the fewest decimals (at least one)
-    that show the miss, rounded towards the limit so the digits never overstate it; ``below``: a floor
-    ("94.96% < 95%")."""
-    text = repr(float(value))
-    for decimals in range(1, 18):
-        scale = 10.0 ** decimals
-        shown = (math.ceil(value * scale) if below else math.floor(value * scale)) / scale
-        if (shown < limit) if below else (shown > limit):
-            text = f"{shown:,.{decimals}f}"
-            break
+    """``value`` against the ``limit`` it misses ("0.2004 s > 0.2 s"): rounded to at least the limit's decimals
+    (one at least), and to more until the digits show the miss; ``below``: a floor ("94.96% < 95%")."""
     bound = f"{limit:g}" if float(f"{limit:g}") == limit else repr(float(limit))
+    decimals = max(1, len(bound.split(".")[1]) if "." in bound and "e" not in bound else 1)
+    text = repr(float(value))
+    for d in range(decimals, 18):
+        shown = f"{value:,.{d}f}"
+        number = float(shown.replace(",", ""))
+        if (number < limit) if below else (number > limit):
+            text = shown
+            break
     return f"{text}{unit} {'<' if below else '>'} {bound}{unit}"
 
 
