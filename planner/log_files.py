@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import itertools
 import os
 import sys
 import zlib
@@ -98,8 +99,7 @@ def line_chunks(path: Path, progress: Progress | None) -> Iterator[tuple[bytes, 
             buf = tail + data if tail else data
             first_end = data.find(b"\n")
             if tail and len(tail) + (first_end if first_end >= 0 else len(data)) > MAX_LINE:
-                raise BadInputError(f"{where(path)}:{lines + 1}: a line longer than {MAX_LINE >> 20} MiB; a request "
-                                    "log has one request a line")
+                raise _long_line(path, lines + 1)
             cut = buf.rfind(b"\n") + 1 if data else len(buf)
             chunk, tail = buf[:cut], buf[cut:]
             if chunk:
@@ -108,3 +108,19 @@ def line_chunks(path: Path, progress: Progress | None) -> Iterator[tuple[bytes, 
             if progress is not None:
                 progress.at(raw.tell())
             data = read(stream, path, CHUNK) if data else b""
+
+
+def text_lines(text: io.TextIOBase, path: Path) -> Iterator[str]:
+    """The lines of a log opened as text, each refused past MAX_LINE characters (as :func:`line_chunks` does)."""
+    for number in itertools.count(1):
+        line = text.readline(MAX_LINE + 1)
+        if not line:
+            return
+        if len(line) > MAX_LINE:
+            raise _long_line(path, number)
+        yield line
+
+
+def _long_line(path: Path, number: int) -> BadInputError:
+    return BadInputError(f"{where(path)}:{number}: a line longer than {MAX_LINE:,} bytes; a request log has one "
+                         "request a line")

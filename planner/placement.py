@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
+from planner.input_files import read_capped
 from planner.packing import GpuGroup, PackRequest, group_scenario
 from planner.workload_csv import printable
 from twin.atomic import json_safe
-from twin.errors import BadInputError
 from twin.policies.spec import policy_record
 from twin.profile import Profile
 from twin.simulate import STARVATION_THRESHOLD
@@ -232,16 +232,7 @@ def read_placement(path: str | os.PathLike) -> Placement:
     (planner.schema): BadInputError naming the file and the first bad field."""
     from planner.schema import validate
 
-    where = printable(str(path))
-    try:
-        size = Path(path).stat().st_size
-        if size > MAX_PLACEMENT_BYTES:
-            raise BadInputError(f"{where}: {size:,} bytes is more than a placement holds "
-                                f"({MAX_PLACEMENT_BYTES:,} at most)")
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        raise BadInputError(f"{where}: cannot read the placement ({exc.strerror})") from None
-    doc = validate(raw, where)
+    doc = validate(read_capped(path, MAX_PLACEMENT_BYTES, "the placement"), printable(str(path)))
     instances = [
         InstancePlan(instance_id=i.instance_id, a_max=i.a_max, max_lora_rank=i.max_lora_rank,
                      max_cpu_loras=i.max_cpu_loras, kv_tokens=i.kv_tokens,

@@ -30,7 +30,6 @@ import datetime as dt
 import io
 import json
 import math
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +37,8 @@ from pathlib import Path
 import numpy as np
 
 from planner.forecast import Series, observed_rates
-from planner.log_files import MAX_LINE, READ_ERRORS, Progress, first_byte, line_chunks, open_log, where
+from planner.input_files import check_regular, read_capped
+from planner.log_files import MAX_LINE, READ_ERRORS, Progress, first_byte, line_chunks, open_log, text_lines, where
 from planner.log_ranks import Ranks
 from planner.log_scan import DONE, GROW, MODEL_KEYS, TIME_KEYS, TOKEN_KEYS, Names, scan
 from planner.log_tally import MAX_CELLS, Tally
@@ -47,6 +47,9 @@ from twin.errors import BadInputError
 
 FORMATS = ("auto", "jsonl", "csv", "litellm", "loadgen")
 BATCH = 1 << 16  # records scanned, or read by Python, between two counts
+MAX_LOADGEN_BYTES = 256 << 20  # a load generator's records are read whole: a run of millions of requests
+#: Request times a log may hold (epoch seconds): from 1970 to 2100; a later one is a wrong time.
+MAX_TIME = 4102444800.0
 NEWLINE = b"\n"
 
 
@@ -157,7 +160,12 @@ class _Reader:
         return k
 
     def count(self, ids, t, prompt, completion, where_of: Callable[[int], str]) -> None:
-        bad = self.tally.add(np.asarray(ids, np.int64), np.asarray(t, float), np.asarray(prompt, float),
+        t = np.asarray(t, float)
+        wrong = np.flatnonzero(~((t >= 0) & (t < MAX_TIME)))
+        if wrong.size:
+            raise BadInputError(f"{where_of(int(wrong[0]))}: the time {t[wrong[0]]:.6g} (epoch seconds) is not "
+                                "between 1970 and 2100")
+        bad = self.tally.add(np.asarray(ids, np.int64), t, np.asarray(prompt, float),
                              np.asarray(completion, float), self.keep[:len(self.names)])
         if bad >= 0:
             stamp = dt.datetime.fromtimestamp(min(float(t[bad]), 253402300799.0), dt.UTC).isoformat()[:19]
@@ -314,7 +322,7 @@ def _array_items(text, name: str, raw, progress: Progress | None) -> Iterator[ob
 def _csv(path: Path, reader: _Reader, progress: Progress | None) -> None:
     with open_log(path) as (stream, raw):
         text = io.TextIOWrapper(stream, encoding="utf-8-sig", newline="")
-        rows = csv.DictReader(text)
+        rows = csv.DictReader(text_lines(text, path))
         name = where(path)
 
         def records():
@@ -335,18 +343,21 @@ def _csv(path: Path, reader: _Reader, progress: Progress | None) -> None:
 def _loadgen(path: Path, reader: _Reader, start: float) -> None:
     from serving_harness.loadgen import RunRecords
 
+    data = read_capped(path, MAX_LOADGEN_BYTES, "the load generator's records")
     try:
-        rec = RunRecords.from_parquet(path)
+        rec = RunRecords.from_parquet(io.BytesIO(data))
     except (OSError, ValueError, KeyError, TypeError) as exc:  # pyarrow raises ArrowInvalid (a ValueError)
         raise BadInputError(f"{where(path)}: not a load generator's records ({type(exc).__name__}: "
                             f"{exc})") from None
     received = np.where(np.isfinite(rec.output_tokens_received.astype(float)), rec.output_tokens_received,
                         rec.output_tokens).astype(float)
-    models, first, inverse = np.unique(rec.adapter.astype(str), return_index=True, return_inverse=True)
-    ids = np.zeros(models.size, np.int64)
-    for k in np.argsort(first):
-        ids[k] = reader.model_id(str(models[k]), f"{where(path)}: request {first[k] + 1}")
-    reader.count(ids[inverse], start + rec.arrival_s.astype(float), rec.input_tokens.astype(float), received,
+    ids: dict[object, int] = {}  # each request's model (as stored: no fixed-width copy of every name) -> its id
+    inverse = np.empty(len(rec.adapter), np.int64)
+    for row, model in enumerate(rec.adapter.tolist()):
+        if model not in ids:
+            ids[model] = reader.model_id(str(model), f"{where(path)}: request {row + 1}")
+        inverse[row] = ids[model]
+    reader.count(inverse, start + rec.arrival_s.astype(float), rec.input_tokens.astype(float), received,
                  lambda i: f"{where(path)}: request {i + 1}")
 
 
@@ -382,8 +393,7 @@ def read_logs(paths, fmt: str = "auto", ranks: Ranks | None = None, start: float
         raise BadInputError(f"unknown log format '{fmt}'; choose one of {', '.join(FORMATS)}")
     paths = [Path(p) for p in paths]
     for p in paths:
-        if not p.is_file() or not os.access(p, os.R_OK):
-            raise BadInputError(f"{where(p)}: cannot read the log (no such readable file)")
+        check_regular(p, "the log")
     reader = _Reader(ranks)
     progress = Progress(paths)
     try:

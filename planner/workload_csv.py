@@ -20,7 +20,8 @@ import os
 import re
 from pathlib import Path
 
-from twin.errors import WorkloadError
+from planner.input_files import read_capped
+from twin.errors import WorkloadError, printable
 from twin.profile import Profile
 from twin.workload import Adapter, Workload
 
@@ -43,6 +44,8 @@ MAX_FIELD = 4096
 #: The most adapters one workload holds: a plan of 100,000 takes under a minute and 0.5 GB on 2 cores
 #: (benchmarks/placement/fleet_plans.py); this bounds a plan's memory near 1 GB. A larger fleet plans in parts.
 MAX_ADAPTERS = 200_000
+#: The largest workload (or ranks) file read: MAX_ADAPTERS rows of over 300 bytes each.
+MAX_WORKLOAD_BYTES = 64 << 20
 OPTIONAL = ("input_tokens", "output_tokens", "path", "max_ttft_s", "max_tpot_ms")
 #: Where a workload came from, as `planner workload` writes it: read and checked, not planned with (the
 #: twin draws lengths with the profile's spread).
@@ -64,8 +67,8 @@ def read_ranks(path: str | os.PathLike) -> dict[str, tuple[int, str | None]]:
     other columns, a workload's rates say, are ignored)."""
     path = Path(path)
     try:
-        text = path.read_bytes().decode("utf-8-sig")
-    except (OSError, UnicodeDecodeError) as exc:
+        text = read_capped(path, MAX_WORKLOAD_BYTES, "the ranks file").decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
         raise _fail(path, None, None, f"cannot read the ranks ({exc})") from None
     rows = _rows(path, text)
     if not rows:
@@ -100,18 +103,10 @@ def write_workload(path, rows: list[dict], columns: tuple[str, ...]) -> None:
     write_text_atomic(path, buf.getvalue())
 
 
-def printable(text: str) -> str:
-    """``text`` with control characters escaped, so a message stays one line whatever a name holds."""
-    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
-
-
 def read_workload(path: str | os.PathLike, profile: Profile | None = None) -> Workload:
     """Parse ``path``; with ``profile``, also check every rank is servable by it."""
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise _fail(path, None, None, f"cannot read the file ({exc.strerror})") from None
+    raw = read_capped(path, MAX_WORKLOAD_BYTES, "the workload")
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:

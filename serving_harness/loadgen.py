@@ -18,6 +18,7 @@ import json
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import BinaryIO
 
 import aiohttp
 import numpy as np
@@ -70,7 +71,7 @@ class RunRecords:
         write_bytes_atomic(path, sink.getvalue().to_pybytes())
 
     @classmethod
-    def from_parquet(cls, path: str | os.PathLike) -> RunRecords:
+    def from_parquet(cls, path: str | os.PathLike | BinaryIO) -> RunRecords:
         import pyarrow.parquet as pq
 
         table = pq.read_table(path)

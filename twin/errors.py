@@ -36,3 +36,8 @@ class OutOfTimeError(LoraPlannerError):
     saved and the same command, rerun, resumes it."""
 
     exit_code = 5
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters escaped, so a message stays one line whatever a name holds."""
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
