@@ -41,8 +41,10 @@ settings), every moved adapter with its reason, and the GPUs a fresh plan would 
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+import stat
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,7 +66,8 @@ from planner.placement import (
     plan_inputs,
 )
 from planner.verdict import DEFAULT_BAR, DEFAULT_RUN, ServiceBar, TwinRun
-from twin.errors import BadInputError, InfeasibleError, LoraPlannerError
+from twin.atomic import file_kind, output_path
+from twin.errors import BadInputError, InfeasibleError, LoraPlannerError, printable
 
 _SHARE_EPS = 1e-9
 #: Rounds of repairing GPUs the twin finds short before what is left is packed anew.
@@ -100,7 +103,7 @@ class ChurnBudget:
             text = max_moves.strip()
             try:
                 moves = (int(float(text[:-1]) / 100.0 * adapters) if text.endswith("%") else int(text))
-            except ValueError:
+            except (ValueError, OverflowError):  # OverflowError: inf%
                 raise BadInputError(f"--max-moves must be a count (120) or a share of the adapters (5%), "
                                     f"not {max_moves!r}") from None
             if moves < 0:
@@ -731,13 +734,15 @@ class AlreadyRunningError(LoraPlannerError):
 
 @contextmanager
 def exclusive(out: str | os.PathLike):
-    """Hold an exclusive ``flock`` on ``OUT.lock`` (beside the real file, symlinks followed) for the duration;
-    refuse at once if another process holds it. The kernel drops the lock when its holder dies, so a lock
-    file left by a killed run blocks nothing; a run removes its own lock file when done (while it still
-    holds the lock, and a run that opened the removed file sees it is gone and opens the new one)."""
-    lock = Path(f"{Path(out).resolve()}.lock")
+    """Hold an exclusive ``flock`` on ``OUT.lock`` for the duration; refuse at once if another process holds it.
+    The lock sits beside the file the write replaces (the real file a symlink names: twin.atomic.output_path),
+    so every name of one plan shares it. The lock itself must be a regular file: a symlink planted there is
+    refused, not followed (its target would be truncated), as are a directory, FIFO or device. The kernel drops the lock when its holder dies, so a lock file left by a killed run blocks nothing; a run
+    removes its own lock file when done (while it still holds the lock, and a run that opened the removed
+    file sees it is gone and opens the new one)."""
+    lock = Path(f"{output_path(out, '--out')}.lock")
     while True:
-        fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
+        fd = _open_lock(lock)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -745,7 +750,8 @@ def exclusive(out: str | os.PathLike):
             os.close(fd)
             raise AlreadyRunningError(f"another re-plan (pid {holder}) is writing {out}; wait for it to finish") from None
         try:
-            same = os.fstat(fd).st_ino == os.stat(lock).st_ino
+            opened, there = os.fstat(fd), os.lstat(lock)
+            same = (opened.st_dev, opened.st_ino) == (there.st_dev, there.st_ino)
         except FileNotFoundError:
             same = False
         if same:
@@ -758,6 +764,22 @@ def exclusive(out: str | os.PathLike):
     finally:
         lock.unlink(missing_ok=True)
         os.close(fd)
+
+
+def _open_lock(lock: Path) -> int:
+    """The lock file, opened (made if missing) without following a symlink; only a regular file is taken."""
+    shown = printable(str(lock))
+    try:
+        fd = os.open(lock, os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        why = "is a symbolic link" if exc.errno == errno.ELOOP else f"cannot be opened ({exc.strerror})"
+        raise BadInputError(f"the re-plan lock {shown} {why}; remove it (no re-plan is running) or choose "
+                            "another --out") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise BadInputError(f"the re-plan lock {shown} is {file_kind(mode)}; remove it or choose another --out")
+    return fd
 
 
 __all__ = ["AlreadyRunningError", "ChurnBudget", "changes", "exclusive", "replan"]

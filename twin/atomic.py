@@ -1,5 +1,5 @@
-"""Atomic file output (write to a temporary file beside the target, then rename over it), and how
-outputs name the files they came from."""
+"""Atomic file output (write to a temporary file beside the target, then rename over it), to regular files
+only, and how outputs name the files they came from."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from twin.errors import BadInputError
+from twin.errors import BadInputError, printable
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
@@ -25,8 +25,9 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
 def write_atomic(path: str | os.PathLike, fill) -> None:
     """Replace ``path`` in one rename with what ``fill(binary file)`` writes. A file replaced keeps its
     permission bits; a new one gets the ones the umask leaves (as ``open`` would give it), not the
-    temporary file's private 0600."""
-    path = Path(path)
+    temporary file's private 0600. Through a symlink, the real file is replaced (the link stays); a path that
+    is not a regular file is refused (:func:`output_path`)."""
+    path = output_path(path, "the output")
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         mode = stat.S_IMODE(path.stat().st_mode)
@@ -51,20 +52,46 @@ def _umask() -> int:
     return mask
 
 
+def output_path(path: str | os.PathLike, what: str) -> Path:
+    """The file writing ``path`` replaces: the real file a symlink names (as ``open`` writes through a link),
+    which must be a regular file or a new name. A device, FIFO or directory is refused: renaming a file over
+    /dev/null would replace it for the whole machine. ``what`` names the path in messages ("--out")."""
+    shown = printable(str(path))
+    try:
+        real = Path(path).resolve()
+    except (RuntimeError, OSError) as exc:  # a symlink loop
+        raise BadInputError(f"{what} {shown}: cannot follow the path ({exc})") from None
+    try:
+        mode = real.stat().st_mode
+    except OSError:  # no such file yet (or under a file: check_writable says so)
+        return real
+    if stat.S_ISDIR(mode):
+        raise BadInputError(f"{what} {shown} is a directory; give a file name")
+    if not stat.S_ISREG(mode):
+        raise BadInputError(f"{what} {shown} is {file_kind(mode)}; write to a regular file or a new path")
+    return real
+
+
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular one is, for messages."""
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+             (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
+
+
 def check_writable(path: str | os.PathLike, what: str) -> None:
-    """Refuse, before any work, an output path that cannot be written: a directory, one under a missing
-    directory or a file, or in a directory that takes no new file."""
-    path = Path(path)
-    parent = path.parent
-    if path.is_dir():
-        raise BadInputError(f"{what} {path} is a directory; give a file name")
+    """Refuse, before any work, an output path that cannot be written: not a regular file or a new name
+    (:func:`output_path`), under a missing directory or a file, or in a directory that takes no new file."""
+    real, shown = output_path(path, what), printable(str(path))
+    parent = real.parent
     if not parent.is_dir():
         why = "is a file" if parent.exists() else "does not exist"
-        raise BadInputError(f"{what} {path}: the directory {parent} {why}; create it or choose another path")
+        raise BadInputError(f"{what} {shown}: the directory {printable(str(parent))} {why}; create it or choose "
+                            "another path")
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=parent)
+        fd, tmp = tempfile.mkstemp(prefix=f".{real.name}.", suffix=".probe", dir=parent)
     except OSError as exc:
-        raise BadInputError(f"{what} {path}: cannot write in {parent} ({exc.strerror})") from None
+        raise BadInputError(f"{what} {shown}: cannot write in {printable(str(parent))} ({exc.strerror})") from None
     os.close(fd)
     os.unlink(tmp)
 
