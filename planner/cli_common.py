@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import sys
 
@@ -17,6 +18,26 @@ from planner.verdict import TAIL_FACTOR
 from twin.atomic import json_safe
 from twin.errors import LoraPlannerError
 from twin.simulate import STARVATION_THRESHOLD
+
+
+class FiniteFloat(click.FloatRange):
+    """A float option's type: a finite number (exit 2 for nan or inf, which ``float`` and every
+    ``click.FloatRange`` bound let through), within the range given as to ``click.FloatRange``."""
+
+    def __init__(self, min: float | None = None, max: float | None = None, min_open: bool = False,
+                 max_open: bool = False) -> None:
+        super().__init__(min, max, min_open, max_open)
+        if min is None and max is None:
+            self.name = "float"  # shown as FLOAT, with no range
+
+    def _describe_range(self) -> str:
+        return "" if self.min is None and self.max is None else super()._describe_range()
+
+    def convert(self, value, param, ctx):
+        number = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return super().convert(number, param, ctx)
 
 
 def print_json(obj) -> None:
@@ -65,18 +86,18 @@ def policy_from_cli(name: str | None, params: tuple[str, ...], recorded: dict | 
 def slo_options(fn):
     """``--objective``, ``--max-ttft``, ``--max-tpot``, ``--min-served`` and ``--slowdown``: the bar every GPU is
     judged by in the twin (planner.verdict); :func:`slo_settings` reads them."""
-    fn = click.option("--slowdown", type=click.FloatRange(1.0, 10.0), default=None, metavar="FACTOR",
+    fn = click.option("--slowdown", type=FiniteFloat(1.0, 10.0), default=None, metavar="FACTOR",
                       help="Judge each GPU on a twin this many times slower than the profile [the profile's safety "
                            "margin, sized from real runs: `planner profiles`]; 1 judges on the profile as it is.")(fn)
-    fn = click.option("--min-served", "min_served", type=click.FloatRange(STARVATION_THRESHOLD, 1.0, max_open=True),
+    fn = click.option("--min-served", "min_served", type=FiniteFloat(STARVATION_THRESHOLD, 1.0, max_open=True),
                       default=None, metavar="FRACTION",
                       help="Share of its arriving tokens each GPU must serve in the twin [0.95]. Down to 0.9 (the "
                            "starvation rule; the paper's greedy packs that densely); a GPU near its limit must also "
                            "meet it with 5 % more traffic.")(fn)
-    fn = click.option("--max-tpot", "max_tpot", type=click.FloatRange(min=0, min_open=True), default=None,
+    fn = click.option("--max-tpot", "max_tpot", type=FiniteFloat(min=0, min_open=True), default=None,
                       metavar="MS", help="The SLO's p99 time per output token in the twin [200 ms with --objective "
                                          "slo]; a workload's max_tpot_ms column tightens it per adapter.")(fn)
-    fn = click.option("--max-ttft", "max_ttft", type=click.FloatRange(min=0, min_open=True), default=None,
+    fn = click.option("--max-ttft", "max_ttft", type=FiniteFloat(min=0, min_open=True), default=None,
                       metavar="SECONDS",
                       help="The SLO's p99 time to first token in the twin, over every arrival [2 s with --objective "
                            "slo]; a workload's max_ttft_s column tightens it per adapter.")(fn)
@@ -90,7 +111,7 @@ def confirm_options(fn):
     """:func:`slo_options` plus ``--confirm/--no-confirm`` and ``--jobs`` (planner.confirm)."""
     fn = click.option("--jobs", type=click.IntRange(min=1), default=None,
                       help="Processes simulating GPUs in the twin [CPU cores].")(fn)
-    fn = click.option("--tail-factor", "tail_factor", type=click.FloatRange(min=0), default=None, metavar="FACTOR",
+    fn = click.option("--tail-factor", "tail_factor", type=FiniteFloat(min=0), default=None, metavar="FACTOR",
                       help=f"In each judging run a GPU's p99.9 TTFT must stay within FACTOR x its TTFT limit "
                            f"[{TAIL_FACTOR:g}]: requests left waiting that long for a LoRA slot mark a GPU whose p99 "
                            f"jumps over the limit from one hour to the next. 0: no such bound.")(fn)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from planner.cli_common import print_json, user_errors
+from planner.cli_common import FiniteFloat, print_json, user_errors
 from twin.progress import counter
 
 
@@ -24,11 +24,12 @@ def parse_deadline(value: str | None) -> float | None:
     text = value.strip().lower()
     units = {"s": 1, "m": 60, "h": 3600}
     try:
-        if text and text[-1] in units:
-            return time.time() + float(text[:-1]) * units[text[-1]]
-        return float(text)
+        deadline = time.time() + float(text[:-1]) * units[text[-1]] if text and text[-1] in units else float(text)
     except ValueError:
-        raise BadInputError(f"--deadline must be epoch seconds or a time from now like 12m (got {value!r})") from None
+        deadline = math.nan
+    if not math.isfinite(deadline):
+        raise BadInputError(f"--deadline must be epoch seconds or a time from now like 12m (got {value!r})")
+    return deadline
 
 
 def _command_line() -> str:
@@ -111,7 +112,7 @@ def _int_list(value: str, flag: str) -> tuple[int, ...]:
               help="Raw measurements, logs, adapters; rerunning resumes [default: profile-work/ID].")
 @click.option("--kv-cache-bytes", type=click.IntRange(min=1), default=None,
               help="Explicit KV cache size (--kv-cache-memory-bytes) [default: 4 MiB on cpu; none on cuda].")
-@click.option("--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True), default=None,
+@click.option("--gpu-memory-utilization", type=FiniteFloat(0, 1, min_open=True), default=None,
               help="Let vLLM size the KV cache from this fraction of GPU memory [default on cuda without "
                    "--kv-cache-bytes: 0.9].")
 @click.option("--ranks", default="8,16,32", show_default=True, help="max_lora_rank values to profile.")
@@ -136,9 +137,9 @@ def _int_list(value: str, flag: str) -> tuple[int, ...]:
 @click.option("--gpu", type=click.IntRange(min=0), default=None, help="CUDA device index (CUDA_VISIBLE_DEVICES).")
 @click.option("--calibration-cases", type=click.IntRange(min=0), default=10, show_default=True,
               help="Poisson workloads the step latency is calibrated on (0: micro-benchmarks only).")
-@click.option("--duration", type=click.FloatRange(min=1), default=30.0, show_default=True,
+@click.option("--duration", type=FiniteFloat(min=1), default=30.0, show_default=True,
               help="Seconds of arrivals per calibration workload.")
-@click.option("--warmup", type=click.FloatRange(min=0), default=5.0, show_default=True)
+@click.option("--warmup", type=FiniteFloat(min=0), default=5.0, show_default=True)
 @click.option("--python", "python", default=None, help="Python that has vLLM [default: this one].")
 @click.option("--lean", is_flag=True,
               help="Two engine starts instead of about twenty, for a short GPU lease: one without LoRA (its KV "
@@ -230,9 +231,9 @@ def profile(device, model_dir, out, profile_id, work_dir, kv_cache_bytes, gpu_me
 @click.option("--model", "model_dir", type=click.Path(exists=True, file_okay=False), default=None,
               help="Model directory [default: the one the profile was measured with].")
 @click.option("--cases", type=click.IntRange(min=1), default=None, help="Number of workloads [default: 32].")
-@click.option("--duration", type=click.FloatRange(min=1), default=30.0, show_default=True,
+@click.option("--duration", type=FiniteFloat(min=1), default=30.0, show_default=True,
               help="Seconds of arrivals per workload.")
-@click.option("--warmup", type=click.FloatRange(min=0), default=5.0, show_default=True,
+@click.option("--warmup", type=FiniteFloat(min=0), default=5.0, show_default=True,
               help="Seconds excluded from the measurement window.")
 @click.option("--seed", type=int, default=None, help="Seed of the workload set [default: 2024].")
 @click.option("--work-dir", type=click.Path(file_okay=False), default=None,
@@ -348,9 +349,9 @@ def _write_table(profile_id, prof, rows, out_dir, duration, warmup, seed, record
 @click.option("--runs", "runs_dirs", type=click.Path(exists=True, file_okay=False), multiple=True,
               help="Calibration runs; repeat to pool several work dirs of one workload set, e.g. run on "
                    "different days [default: the profile's provenance.calibration.runs].")
-@click.option("--duration", type=click.FloatRange(min=1), default=None,
+@click.option("--duration", type=FiniteFloat(min=1), default=None,
               help="Seconds of arrivals per run, as they were made [default: the previous calibration's, else 30].")
-@click.option("--warmup", type=click.FloatRange(min=0), default=None,
+@click.option("--warmup", type=FiniteFloat(min=0), default=None,
               help="Seconds excluded from the window [default: the previous calibration's, else 5].")
 @click.option("--json", "as_json", is_flag=True, help="Print provenance.calibration as JSON.")
 @user_errors
@@ -392,9 +393,9 @@ def calibrate(profile_path, runs_dirs, duration, warmup, as_json) -> None:
               help="A `planner validate` work dir (cases/*.json, runs/*-requests.parquet).")
 @click.option("--out-dir", type=click.Path(file_okay=False), default=None,
               help="table.json, table.csv, twin_vs_real.png [default: artifacts/validation/ID].")
-@click.option("--duration", type=click.FloatRange(min=1), default=30.0, show_default=True,
+@click.option("--duration", type=FiniteFloat(min=1), default=30.0, show_default=True,
               help="Seconds of arrivals per workload (as the runs were made).")
-@click.option("--warmup", type=click.FloatRange(min=0), default=5.0, show_default=True,
+@click.option("--warmup", type=FiniteFloat(min=0), default=5.0, show_default=True,
               help="Seconds excluded from the measurement window.")
 @click.option("--record", is_flag=True, help="Also store the summary in the profile JSON's `validation` field.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from models import DEFAULT_KERNEL_ROWS
-from planner.cli_common import policy_from_cli, policy_options, print_json, user_errors
+from planner.cli_common import FiniteFloat, policy_from_cli, policy_options, print_json, user_errors
 
 EPILOG_BUILD = """\b
 Examples:
@@ -41,7 +41,7 @@ def dataset() -> None:
 @click.option("--grid", default="paper", show_default=True,
               help="'paper' (the study's 79,200 scenarios), 'small' (300, for CI) or a grid JSON file.")
 @click.option("--out", type=click.Path(dir_okay=False), required=True, help="Output parquet file.")
-@click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--duration", type=FiniteFloat(min=0, min_open=True), default=None,
               help="Simulated seconds per scenario [grid's: paper 3600, small 600].")
 @click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True, help="Local worker processes.")
 @click.option("--backend", type=click.Choice(["local", "ray"]), default="local", show_default=True)
@@ -103,14 +103,14 @@ def build(profile_id, grid, out, duration, jobs, backend, address, limit, max_in
 @click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--trials", type=click.IntRange(min=1), default=60, show_default=True,
               help="Optuna trials per small tree.")
-@click.option("--penalty", type=click.FloatRange(min=0), default=1.0, show_default=True,
+@click.option("--penalty", type=FiniteFloat(min=0), default=1.0, show_default=True,
               help="Complexity penalty: error points charged for a small tree using all 32 rules.")
 @click.option("--max-leaf-nodes", type=click.IntRange(min=0), default=0, show_default=True,
               help="Leaf bound of each shipped forest tree (artifact size, latency); 0: unbounded, as shipped.")
 @click.option("--kernel-rows", type=click.IntRange(min=0), default=DEFAULT_KERNEL_ROWS, show_default=True,
               help="Tune SVM and KNN on a seeded sample of at most this many training rows (0: all); an SVM's "
                    "fit grows with the square of the rows. The forests always see every row.")
-@click.option("--test-fraction", type=click.FloatRange(0.05, 0.5), default=0.2, show_default=True)
+@click.option("--test-fraction", type=FiniteFloat(0.05, 0.5), default=0.2, show_default=True)
 @click.option("--real-runs", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Real-run CSV of the same profile to score against (real_runs_qwen.csv format).")
 @click.option("--json", "as_json", is_flag=True, help="Print the artifact metadata as JSON.")
@@ -175,7 +175,7 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
 @click.option("--families", default=None, help="Comma-separated workload families [every one of twin.families].")
 @click.option("--sizes", default=None, help="Adapters per workload, comma-separated [2000,10000].")
 @click.option("--seeds", default=None, help="Workload seeds, comma-separated [10,11,12,13,14: none a benchmark uses].")
-@click.option("--rate-scale", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
+@click.option("--rate-scale", type=FiniteFloat(min=0, min_open=True), default=1.0, show_default=True,
               help="Multiply the families' H100-scale rates (for a profile of another speed).")
 @click.option("--data", type=click.Path(file_okay=False), default=None,
               help="Directory of the judged-GPU set [datasets/<profile-id>/].")

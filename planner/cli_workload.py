@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 import click
 
-from planner.cli_common import user_errors
+from planner.cli_common import FiniteFloat, user_errors
 
 EPILOG_LOG = """\b
 Examples:
@@ -55,7 +56,7 @@ def forecast_options(fn):
                       help="CSV with adapter_id,rank[,path] (a workload.csv will do): each adapter's rank.")(fn)
     fn = click.option("--window", default="7d", show_default=True,
                       help="History the quantile method looks at, e.g. 7d, 36h.")(fn)
-    fn = click.option("--quantile", "q", type=click.FloatRange(0, 1, min_open=True), default=0.95, show_default=True,
+    fn = click.option("--quantile", "q", type=FiniteFloat(0, 1, min_open=True), default=0.95, show_default=True,
                       help="The quantile method's quantile of hourly rates (1: the busiest hour).")(fn)
     fn = click.option("--method", type=click.Choice(["auto", "quantile", "seasonal"]), default="auto",
                       show_default=True, help="auto: seasonal (the same hours a week before, times the trend) "
@@ -73,8 +74,8 @@ def _duration(text: str) -> float:
         value = float(text[:-1]) * units[text[-1]]
     except (KeyError, ValueError, IndexError):
         raise BadInputError(f"{text!r} is not a duration such as 90m, 36h or 7d") from None
-    if not value > 0:
-        raise BadInputError(f"{text!r} is not a positive duration")
+    if not 0 < value < math.inf:
+        raise BadInputError(f"{text!r} is not a positive finite duration")
     return value
 
 
@@ -119,7 +120,7 @@ def _checked_options(out, window, ranks_file, default_rank, base_model):
 @click.option("--format", "fmt", type=click.Choice(["auto", "jsonl", "csv", "litellm", "loadgen"]), default="auto",
               show_default=True, help="Log format (auto: by file name, a .gz aside: .parquet loadgen, .csv csv, "
                                       "else jsonl; a JSON array of records is read too).")
-@click.option("--start", "start_s", type=float, default=0.0, show_default=True,
+@click.option("--start", "start_s", type=FiniteFloat(), default=0.0, show_default=True,
               help="--format loadgen: epoch seconds of the run's time 0.")
 @forecast_options
 @user_errors
@@ -147,7 +148,7 @@ def from_log(logs, fmt, start_s, out, horizon, method, q, window, ranks_file, de
 @click.option("--label", default="model", show_default=True, help="The label naming the adapter in every series.")
 @click.option("--range", "range_text", default="8d", show_default=True, help="History read, e.g. 8d or 36h.")
 @click.option("--step", "step_text", default="1h", show_default=True, help="Sample spacing (the forecast's window).")
-@click.option("--end", "end_s", type=float, default=None, help="Epoch seconds the history ends at [now].")
+@click.option("--end", "end_s", type=FiniteFloat(), default=None, help="Epoch seconds the history ends at [now].")
 @forecast_options
 @user_errors
 def from_prometheus(url, requests_query, prompt_tokens_query, completion_tokens_query, label, range_text, step_text,

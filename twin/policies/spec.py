@@ -25,6 +25,7 @@ running requests is never evicted" (every policy here obeys it).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields, replace
 
 import numpy as np
@@ -156,6 +157,8 @@ def parse_overrides(items: tuple[str, ...] | list[str]) -> dict:
                 out[key] = int(value)
             elif kind == "float":
                 out[key] = float(value)
+                if not math.isfinite(out[key]):
+                    raise ValueError(value)
             else:
                 out[key] = value
         except ValueError:
