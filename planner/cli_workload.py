@@ -148,11 +148,13 @@ def from_log(logs, fmt, start_s, out, horizon, method, q, window, ranks_file, de
 @click.option("--label", default="model", show_default=True, help="The label naming the adapter in every series.")
 @click.option("--range", "range_text", default="8d", show_default=True, help="History read, e.g. 8d or 36h.")
 @click.option("--step", "step_text", default="1h", show_default=True, help="Sample spacing (the forecast's window).")
-@click.option("--end", "end_s", type=FiniteFloat(), default=None, help="Epoch seconds the history ends at [now].")
+@click.option("--end", "end_s", type=FiniteFloat(min=0), default=None, help="Epoch seconds the history ends at [now].")
+@click.option("--timeout", "timeout_s", type=FiniteFloat(min=0, min_open=True), default=60.0, show_default=True,
+              help="Seconds each query's whole answer may take.")
 @forecast_options
 @user_errors
 def from_prometheus(url, requests_query, prompt_tokens_query, completion_tokens_query, label, range_text, step_text,
-                    end_s, out, horizon, method, q, window, ranks_file, default_rank, base_model) -> None:
+                    end_s, timeout_s, out, horizon, method, q, window, ranks_file, default_rank, base_model) -> None:
     """Read per-adapter request and token rates from the Prometheus server at URL (its HTTP API) and write the
     workload a plan for the next day (or hour) needs, as `from-log` does from logs."""
     import numpy as np
@@ -164,7 +166,7 @@ def from_prometheus(url, requests_query, prompt_tokens_query, completion_tokens_
     window_s, ranks = _checked_options(out, window, ranks_file, default_rank, base_model)
     step, range_s = _duration(step_text), _duration(range_text)
     series, means = prometheus_traffic(url, label, requests_query, prompt_tokens_query, completion_tokens_query,
-                                       end_s if end_s is not None else time.time(), range_s, step)
+                                       end_s if end_s is not None else time.time(), range_s, step, timeout_s)
     kept = [k for k, a in enumerate(series.adapters) if not ranks.excluded(a)]
     if not kept:
         raise BadInputError(f"Prometheus at {url}: {requests_query!r} gave series of the base model only")
