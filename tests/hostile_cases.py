@@ -8,6 +8,7 @@ runs them in-process; ``python -m benchmarks.placement.hostile_inputs`` runs the
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -202,7 +203,7 @@ def cases() -> list[Case]:
                         ("replan", "good.csv", "--previous", "base.json", "--out", target)))
     out.append(Case("verify/empty-plan", _with_base(_placement(lambda doc: doc.update(instances=[]))),
                     ("verify", "plan.json", "--engine", "cpu", "--synthesize", "--work-dir", "vw"), "vw"))
-    return out
+    return out + reader_cases()
 
 
 def _with_base(write: Callable[[Path], None]) -> Callable[[Path], None]:
@@ -233,3 +234,106 @@ def base_plan() -> str:
             assert res.exit_code == 0, res.output
             _BASE.append(res.stdout)
     return _BASE[0]
+
+
+RANKS = "adapter_id,rank\na,8\n"
+LOG_LINE = '{"timestamp": %s, "model": "%s", "prompt_tokens": 100, "completion_tokens": 20}\n'
+
+
+def _files(**contents: str | bytes | int | None) -> Callable[[Path], None]:
+    """A base plan, good.csv, ranks.csv and a good log.jsonl, then each named file: its text or bytes, an int:
+    a sparse file of that many bytes, None: a FIFO."""
+    def write(d: Path) -> None:
+        (d / "base.json").write_text(base_plan())
+        (d / "good.csv").write_text(GOOD_CSV)
+        (d / "ranks.csv").write_text(RANKS)
+        (d / "log.jsonl").write_text("".join(LOG_LINE % (1733000000 + 60 * k, "a") for k in range(100)))
+        for name, content in contents.items():
+            path = d / name.replace("__", ".")
+            if content is None:
+                os.mkfifo(path)
+            elif isinstance(content, int):
+                with path.open("wb") as f:
+                    f.truncate(content)
+            else:
+                path.write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
+
+    return write
+
+
+FROM_LOG = ("workload", "from-log", "--ranks", "ranks.csv", "--out", "new.csv")
+REPLAN = ("replan", "good.csv", "--previous", "base.json", "--out", "new.json")
+
+
+def reader_cases() -> list[Case]:
+    """Inputs that never end or are too large (devices, FIFOs, huge files, far times, long names), outputs that
+    are not regular files, a re-plan lock that is not one, and nan/inf in float options."""
+    from planner.placement import MAX_PLACEMENT_BYTES
+    from planner.workload_csv import MAX_WORKLOAD_BYTES
+
+    def log(*lines: str) -> str:
+        return "".join(LOG_LINE % (1733000000 + 60 * k, "a") for k in range(10)) + "".join(lines)
+
+    cases = [
+        Case("plan/dev-zero", _files(), ("plan", "/dev/zero", "--out", "new.json"), "new.json"),
+        Case("plan/dev-urandom", _files(), ("plan", "/dev/urandom", "--out", "new.json"), "new.json"),
+        Case("plan/fifo", _files(w__csv=None), ("plan", "w.csv", "--out", "new.json"), "new.json"),
+        Case("plan/workload-too-large", _files(w__csv=MAX_WORKLOAD_BYTES + 1), ("plan", "w.csv")),
+        Case("evaluate-plan/dev-zero", _files(), ("evaluate", "/dev/zero", "good.csv")),
+        Case("evaluate-plan/too-large", _files(plan__json=MAX_PLACEMENT_BYTES + 1), ("evaluate", "plan.json",
+                                                                                    "good.csv")),
+        Case("replan-plan/fifo", _files(plan__json=None), ("replan", "good.csv", "--previous", "plan.json", "--out",
+                                                           "new.json"), "new.json"),
+        Case("render/dev-urandom", _files(), ("render", "/dev/urandom")),
+        Case("from-log/dev-zero", _files(), (*FROM_LOG, "/dev/zero"), "new.csv"),
+        Case("from-log/fifo", _files(fifo__jsonl=None), (*FROM_LOG, "fifo.jsonl"), "new.csv"),
+        Case("from-log/ranks-dev-zero", _files(), ("workload", "from-log", "log.jsonl", "--ranks", "/dev/zero",
+                                                   "--out", "new.csv"), "new.csv"),
+        Case("from-log/ranks-fifo", _files(r__csv=None), ("workload", "from-log", "log.jsonl", "--ranks", "r.csv",
+                                                          "--out", "new.csv"), "new.csv"),
+        Case("from-log/ranks-too-large", _files(r__csv=MAX_WORKLOAD_BYTES + 1),
+             ("workload", "from-log", "log.jsonl", "--ranks", "r.csv", "--out", "new.csv"), "new.csv"),
+    ]
+    bad_logs = {
+        "time-1e300": log(LOG_LINE % ("1e300", "a")),
+        "time-year-5138": log(LOG_LINE % ("99999999999", "a")),
+        "time-iso-9999": log(LOG_LINE % ('"9999-12-31T00:00:00"', "a")),
+        "time-nan": log(LOG_LINE % ("NaN", "a")),
+        "time-infinity": log(LOG_LINE % ("Infinity", "a")),
+        "time-negative": log(LOG_LINE % ("-5", "a")),
+        "model-1M-chars": log(LOG_LINE % (1733000000, "m" * 1_000_000)),
+        "line-over-16MiB": log() + "x" * (17 << 20) + "\n",
+    }
+    cases += [Case(f"from-log/{name}", _files(bad__jsonl=text), (*FROM_LOG, "bad.jsonl"), "new.csv")
+              for name, text in bad_logs.items()]
+    cases.append(Case("from-log/csv-line-over-16MiB",
+                      _files(bad__csv="timestamp,model\n1733000000,a\n" + "x" * (17 << 20) + "\n"),
+                      (*FROM_LOG, "bad.csv"), "new.csv"))
+    for name, argv in {"plan": ("plan", "good.csv", "--out"), "replan": REPLAN[:-1],
+                       "from-log": ("workload", "from-log", "log.jsonl", "--ranks", "ranks.csv", "--out")}.items():
+        cases += [Case(f"{name}-out/fifo", _files(out__json=None), (*argv, "out.json")),
+                  Case(f"{name}-out/dev-null", _files(), (*argv, "/dev/null"))]
+    victim = _files(victim__txt="keep me\n")
+    cases += [
+        Case("replan-lock/symlink", lambda d: (victim(d), (d / "new.json.lock").symlink_to("victim.txt")), REPLAN,
+             "new.json"),
+        Case("replan-lock/directory", lambda d: (victim(d), (d / "new.json.lock").mkdir()), REPLAN, "new.json"),
+        Case("replan-lock/fifo", _files(new__json__lock=None), REPLAN, "new.json"),
+    ]
+    floats = {
+        "plan/headroom-nan": ("plan", "good.csv", "--headroom", "nan"),
+        "plan/input-tokens-nan": ("plan", "good.csv", "--input-tokens", "nan"),
+        "plan/max-ttft-inf": ("plan", "good.csv", "--max-ttft", "inf"),
+        "plan/slowdown-nan": ("plan", "good.csv", "--slowdown", "nan"),
+        "plan/policy-param-nan": ("plan", "good.csv", "--policy", "elora", "--policy-param", "swap_period_s=nan"),
+        "evaluate/duration-inf": ("evaluate", "base.json", "good.csv", "--duration", "inf"),
+        "simulate/duration-nan": ("simulate", "good.csv", "--a-max", "4", "--duration", "nan"),
+        "replan/headroom-inf": (*REPLAN, "--headroom", "inf"),
+        "replan/max-moves-inf-percent": (*REPLAN, "--max-moves", "inf%"),
+        "from-log/start-nan": (*FROM_LOG, "log.jsonl", "--start", "nan"),
+        "from-log/quantile-nan": (*FROM_LOG, "log.jsonl", "--quantile", "nan"),
+        "from-log/window-inf": (*FROM_LOG, "log.jsonl", "--window", "infd"),
+    }
+    cases += [Case(f"float/{name}", _files(), argv, "new.csv" if "from-log" in name else None)
+              for name, argv in floats.items()]
+    return cases
