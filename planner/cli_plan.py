@@ -114,8 +114,9 @@ def plan(workload, profile_id, gpus, algorithm, predictor_kind, policy, policy_p
     from twin import DEFAULT_PROFILE_ID, InfeasibleError, load_profile
     from twin.atomic import check_writable, write_json_atomic
 
-    if out:
-        check_writable(out, "--out")
+    for path, option in ((out, "--out"), (plot, "--plot")):
+        if path:
+            check_writable(path, option)
     profile = load_profile(profile_id or DEFAULT_PROFILE_ID)
     launch_model("json" if as_json else fmt, model, profile.model)  # refused before any work
     wl = read_workload(workload, profile)

@@ -313,6 +313,7 @@ def reader_cases() -> list[Case]:
                        "from-log": ("workload", "from-log", "log.jsonl", "--ranks", "ranks.csv", "--out")}.items():
         cases += [Case(f"{name}-out/fifo", _files(out__json=None), (*argv, "out.json")),
                   Case(f"{name}-out/dev-null", _files(), (*argv, "/dev/null"))]
+    cases.append(Case("plan-plot/fifo", _files(plot__png=None), ("plan", "good.csv", "--plot", "plot.png")))
     victim = _files(victim__txt="keep me\n")
     cases += [
         Case("replan-lock/symlink", lambda d: (victim(d), (d / "new.json.lock").symlink_to("victim.txt")), REPLAN,
