@@ -315,8 +315,8 @@ def replan(workload, previous_file, out, profile_id, gpus, predictor_kind, headr
     from twin.atomic import check_writable, write_json_atomic
     from twin.policies.spec import policy_from_record
 
-    check_writable(out, "--out")
-    with exclusive(out):
+    real_out = check_writable(out, "--out")  # resolved once: the lock and the write are of one file
+    with exclusive(real_out):
         previous = read_placement(previous_file)
         profile = load_profile(profile_id or previous.inputs.get("profile_id"))
         launch_model("json" if as_json else fmt, model, profile.model)  # refused before any work
@@ -333,7 +333,7 @@ def replan(workload, previous_file, out, profile_id, gpus, predictor_kind, headr
         budget = ChurnBudget.parse(max_moves, max_restarts, gpu_tolerance, len(wl))
         placement = run_replan(previous, workload, req, split_hot=split_hot, confirm=confirm, run=opts.run, bar=bar,
                                budget=budget, progress=say)
-        write_json_atomic(out, placement.to_dict(), one_per_line=True)
+        write_json_atomic(real_out, placement.to_dict(), one_per_line=True)
     show_placement(placement, profile, fmt, as_json, model, port_base, adapter_dir, image, manifest_name)
     if fmt == "table" and not as_json:
         click.echo(f"written to {out}")

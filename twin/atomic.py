@@ -79,9 +79,10 @@ def file_kind(mode: int) -> str:
     return next((name for test, name in kinds if test(mode)), "not a regular file")
 
 
-def check_writable(path: str | os.PathLike, what: str) -> None:
+def check_writable(path: str | os.PathLike, what: str) -> Path:
     """Refuse, before any work, an output path that cannot be written: not a regular file or a new name
-    (:func:`output_path`), under a missing directory or a file, or in a directory that takes no new file."""
+    (:func:`output_path`), under a missing directory or a file, or in a directory that takes no new file.
+    Returns the file a write will replace."""
     real, shown = output_path(path, what), printable(str(path))
     parent = real.parent
     if not parent.is_dir():
@@ -94,6 +95,7 @@ def check_writable(path: str | os.PathLike, what: str) -> None:
         raise BadInputError(f"{what} {shown}: cannot write in {printable(str(parent))} ({exc.strerror})") from None
     os.close(fd)
     os.unlink(tmp)
+    return real
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
