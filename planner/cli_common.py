@@ -163,10 +163,10 @@ def render_options(fn):
                              "ModelAdapters (aibrix).")(fn)
 
 
-def show_placement(placement, profile, fmt: str, as_json: bool, model: str | None, port_base: int,
-                   adapter_dir: str | None, image: str | None = None, manifest_name: str = "lora") -> None:
-    """Print ``placement`` as the :func:`render_options` ask."""
+def placement_view(placement, profile, fmt: str, as_json: bool, model: str | None, port_base: int,
+                   adapter_dir: str | None, image: str | None = None, manifest_name: str = "lora") -> str:
+    """``placement`` as the :func:`render_options` ask; `plan` and `replan` render it before writing the plan, so
+    options it refuses (a --name, ports past 65535) leave no file behind."""
     fmt = "json" if as_json else fmt
     image = image or f"vllm/vllm-openai:v{profile.engine.version}"
-    click.echo(render(placement, fmt, launch_model(fmt, model, profile.model), port_base, adapter_dir, image,
-                      manifest_name))
+    return render(placement, fmt, launch_model(fmt, model, profile.model), port_base, adapter_dir, image, manifest_name)

@@ -11,11 +11,11 @@ from planner.cli_common import (
     FiniteFloat,
     confirm_options,
     jobs_or_cores,
+    placement_view,
     policy_from_cli,
     policy_options,
     print_json,
     render_options,
-    show_placement,
     slo_options,
     slo_settings,
     tail_setting,
@@ -134,13 +134,14 @@ def plan(workload, profile_id, gpus, algorithm, predictor_kind, policy, policy_p
         raise InfeasibleError(f"{exc}; {gpus_needed(workload, wl, profile, predictor, opts)}") from None
     placement.inputs["plan_wall_s"] = round(time.perf_counter() - t0, 6)
     s = placement.summary()
+    view = placement_view(placement, profile, fmt, as_json, model, port_base, adapter_dir, image, manifest_name)
     if out and s["all_ok"]:
         write_json_atomic(out, placement.to_dict(), one_per_line=True)
     if plot:
         from planner.plot import plot_placement
 
         plot_placement(placement, plot)
-    show_placement(placement, profile, fmt, as_json, model, port_base, adapter_dir, image, manifest_name)
+    click.echo(view)
     if out and s["all_ok"] and fmt == "table" and not as_json:
         click.echo(f"placement written to {out}")
     if not s["all_ok"]:
@@ -333,8 +334,9 @@ def replan(workload, previous_file, out, profile_id, gpus, predictor_kind, headr
         budget = ChurnBudget.parse(max_moves, max_restarts, gpu_tolerance, len(wl))
         placement = run_replan(previous, workload, req, split_hot=split_hot, confirm=confirm, run=opts.run, bar=bar,
                                budget=budget, progress=say)
+        view = placement_view(placement, profile, fmt, as_json, model, port_base, adapter_dir, image, manifest_name)
         write_json_atomic(real_out, placement.to_dict(), one_per_line=True)
-    show_placement(placement, profile, fmt, as_json, model, port_base, adapter_dir, image, manifest_name)
+    click.echo(view)
     if fmt == "table" and not as_json:
         click.echo(f"written to {out}")
 
@@ -480,4 +482,4 @@ def render(placement_file, fmt, as_json, model, adapter_dir, port_base, image, m
 
     placement = read_placement(placement_file)
     profile = load_profile(placement.inputs.get("profile_id"))
-    show_placement(placement, profile, fmt, as_json, model, port_base, adapter_dir, image, manifest_name)
+    click.echo(placement_view(placement, profile, fmt, as_json, model, port_base, adapter_dir, image, manifest_name))

@@ -42,15 +42,29 @@ ADAPTERS_CLAIM = "lora-adapters"
 MODELS_CLAIM = "lora-models"
 #: An adapter URL AIBrix downloads itself (a ModelAdapter's ``artifactURL``).
 REMOTE = re.compile(r"(s3|gcs|tos|huggingface|hf)://")
-#: A Kubernetes object name (RFC 1123 subdomain) and a label value.
+#: A Kubernetes object name (RFC 1123 subdomain): a ModelAdapter's.
 K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
-LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
+#: A DNS-1035 label, which a Service's name must be (and so each server's, and the pool's): 63 characters at most.
+DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
+#: The longest --name: room for "-<instance id>" after it.
+MAX_PREFIX = 40
+
+
+def check_prefix(prefix: str) -> None:
+    """``--name``: a DNS-1035 label short enough to prefix each server's name."""
+    if not DNS_LABEL.fullmatch(prefix) or len(prefix) > MAX_PREFIX:
+        raise BadInputError(f"--name {prefix!r} must be a DNS-1035 label of at most {MAX_PREFIX} characters: lowercase "
+                            "letters, digits and '-', starting with a letter and ending with a letter or digit")
 
 
 def _name(prefix: str, instance_id: str) -> str:
-    name = f"{prefix}-{instance_id}".lower()
-    if not K8S_NAME.fullmatch(name) or len(name) > 63:
-        raise BadInputError(f"{name!r} is not a Kubernetes object name; choose another --name")
+    """A server's Deployment and Service name, ``PREFIX-<instance id>``, as the API server takes it (never changed:
+    a name changed to fit could collide with another instance's)."""
+    name = f"{prefix}-{instance_id}"
+    if not DNS_LABEL.fullmatch(name):
+        raise BadInputError(f"instance {instance_id!r} gives the Service name {name!r}, which is not a DNS-1035 label "
+                            "(lowercase letters, digits and '-', at most 63 characters): rename the instance in the plan "
+                            "or choose a shorter --name")
     return name
 
 
@@ -119,8 +133,7 @@ def manifests(p: Placement, fmt: str, image: str, model: str, adapter_dir: str, 
     """Every object of ``p`` in format ``fmt`` (module docstring)."""
     if fmt not in FORMATS:
         raise BadInputError(f"unknown manifest format '{fmt}'; choose one of {', '.join(FORMATS)}")
-    if not K8S_NAME.fullmatch(prefix) or len(prefix) > 40:
-        raise BadInputError(f"--name {prefix!r} must be a short Kubernetes name (lowercase letters, digits, '-')")
+    check_prefix(prefix)
     if not PurePosixPath(adapter_dir).is_absolute():
         raise BadInputError(f"--adapter-dir {adapter_dir!r} must be an absolute path inside the container")
     volumes = _volumes(model, adapter_dir)

@@ -242,4 +242,5 @@ def read_placement(path: str | os.PathLike) -> Placement:
         for i in doc.instances
     ]
     adapters = [a.model_dump() for a in doc.adapters]
-    return Placement(doc.inputs.model_dump(exclude_none=True), instances, adapters, dict(doc.engine), doc.changes)
+    changes = None if doc.changes is None else doc.changes.model_dump(exclude_unset=True)
+    return Placement(doc.inputs.model_dump(exclude_none=True), instances, adapters, dict(doc.engine), changes)

@@ -10,6 +10,7 @@ from pathlib import PurePosixPath
 from planner.placement import InstancePlan, Placement
 from planner.verdict import bounds_words, run_length_words, tightened_words
 from planner.workload_csv import printable
+from twin.errors import BadInputError
 from twin.policies.spec import policy_label
 
 
@@ -109,13 +110,19 @@ def render_table(p: Placement) -> str:
     replicas = Counter(a for inst in p.instances for a in inst.adapters)
     split = [a["adapter_id"] for a in p.adapters if replicas[a["adapter_id"]] > 1]
     if split:
-        lines.append(f"\n{len(split)} adapter(s) split over replicas (see 'router' in the JSON): {', '.join(split[:5])}")
-    lines.append("\n" + _total_line(p, s))
+        lines += ["", f"{len(split)} adapter(s) split over replicas (see 'router' in the JSON): {', '.join(split[:5])}"]
+    lines += ["", _total_line(p, s)]
     if "confirmation" in p.inputs:
         note = _rounds_line(p.inputs["confirmation"])
         if note:
             lines.append(note)
-    return "\n".join(lines)
+    return _shown(lines)
+
+
+def _shown(lines: list[str]) -> str:
+    """``lines`` as text, each with its control characters escaped: text from a plan never reaches a terminal
+    raw (no escape sequence, no line of its own)."""
+    return "\n".join(map(printable, lines))
 
 
 def _total_line(p: Placement, s: dict) -> str:
@@ -133,8 +140,8 @@ def _rounds_line(c: dict) -> str:
     notes = []
 
     if c.get("repacked_gpus"):
-        notes.append(f"{c['repacked_gpus']} GPU(s) fell short and their adapters were packed again (load margin up "
-                     f"to {c['margin']:.1%})")
+        margin = "" if c.get("margin") is None else f" (load margin up to {c['margin']:.1%})"
+        notes.append(f"{c['repacked_gpus']} GPU(s) fell short and their adapters were packed again{margin}")
     if c.get("twin_packed_gpus"):
         notes.append(f"{c['twin_packed_gpus']} GPU(s) packed by the twin itself")
     return ("the twin's rounds: " + "; ".join(notes)) if notes else ""
@@ -161,14 +168,19 @@ def vllm_argv(p: Placement, inst: InstancePlan, model: str, port: int, paths: di
 
 
 def render_vllm(p: Placement, model: str, port_base: int = 8000, adapter_dir: str = "adapters") -> str:
-    """One shell line per GPU (CUDA_VISIBLE_DEVICES=k), quoted safely."""
+    """One shell line per GPU (CUDA_VISIBLE_DEVICES=k), quoted safely; the comments escaped, one line each."""
+    last_port = port_base + len(p.instances) - 1
+    if port_base < 1 or last_port > 65535:
+        raise BadInputError(f"--port-base {port_base}: the {len(p.instances)} server(s) would listen on ports "
+                            f"{port_base} to {last_port}, outside 1-65535")
     header = (f"# {len(p.instances)} vLLM server(s) for {printable(str(p.inputs['workload']['path']))} "
               f"(profile {printable(str(p.inputs['profile_id']))}); adapters without a path are looked up in "
               f"{printable(adapter_dir)}/")
     lines = [header]
     if "policy" in p.inputs:
-        lines.append(f"# NOTE: planned for servers running {policy_label(p.inputs['policy'])}; stock vLLM does not "
-                     "implement it, so these servers run vLLM's own scheduler and the plan's predictions do not apply")
+        lines.append(f"# NOTE: planned for servers running {printable(policy_label(p.inputs['policy']))}; stock vLLM "
+                     "does not implement it, so these servers run vLLM's own scheduler and the plan's predictions do not "
+                     "apply")
     paths = adapter_paths(p, adapter_dir)
     for k, inst in enumerate(p.instances):
         argv = vllm_argv(p, inst, model, port_base + k, paths)
@@ -195,4 +207,4 @@ def render_changes(p: Placement) -> str:
     for reason, n in sorted(by_reason.items(), key=lambda e: -e[1]):
         lines.append(f"  {n} moved: {reason}")
     lines += [f"  held back: {why}" for why in ch.get("held_back", [])]
-    return "\n".join(lines)
+    return _shown(lines)

@@ -4,20 +4,24 @@
 ``verify`` read one, and a router or launch script may too. Everything read goes through
 :func:`validate`, so a hand-edited or damaged file is one line naming the field
 (``instances.3.a_max: Input should be greater than or equal to 1``), never a traceback and never an
-engine started with it. ``python -m planner.schema`` prints the same schema as JSON Schema
-(``docs/placement.schema.json``, for router authors).
+engine started with it. What reaches a launch line is typed and bounded: the ``engine`` section allows its
+seven settings and nothing else, ``inputs.policy`` only a known policy with its own parameters, ids their
+grammars. Fields older versions did not write have defaults. ``python -m planner.schema`` prints the same
+schema as JSON Schema (``docs/placement.schema.json``, for router authors).
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from dataclasses import fields
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
 from planner.workload_csv import adapter_id_problem, printable
-from twin.errors import BadInputError
+from twin.errors import BadInputError, WorkloadError
+from twin.policies.spec import PRESETS, PolicySpec, policy_from_record
 
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
@@ -33,6 +37,10 @@ class _Open(BaseModel):
 
 class _Closed(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
 
 
 def _check_id(value: str) -> str:
@@ -117,6 +125,10 @@ class Confirmation(_Open):
     max_ttft_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
     max_tpot_ms: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
     slowdown: Annotated[float, Field(ge=1, le=10, allow_inf_nan=False)] = 1.0
+    # the packing rounds (planner.confirm.Confirmation.to_dict)
+    margin: Annotated[float, Field(ge=0, le=10, allow_inf_nan=False)] | None = None
+    repacked_gpus: Annotated[int, Field(ge=0)] = 0
+    twin_packed_gpus: Annotated[int, Field(ge=0)] = 0
 
 
 class Workload(_Open):
@@ -125,17 +137,101 @@ class Workload(_Open):
     adapters: Annotated[int, Field(ge=0)]
 
 
+class Lengths(_Open):
+    """The request lengths the plan assumed (``inputs.lengths``; absent in older plans)."""
+
+    mean_input_tokens: NonNegative
+    mean_output_tokens: NonNegative
+    adapters_with_own_lengths: Annotated[int, Field(ge=0)]
+    length_cv: NonNegative | None = None
+
+
+class Predictor(_Open):
+    kind: str
+    id: str | None = None
+    edge: bool = False  # packed with its edge classifier (absent in older plans)
+
+
+_PARAM_TYPES = {"bool": bool, "int": int, "float": Finite, "str": str}
+#: A policy's parameters: PolicySpec's fields but its name, each optional, of its type and never null (None only
+#: stands for "not given", so the JSON Schema shows no default).
+PolicyParams = create_model(
+    "PolicyParams", __config__=ConfigDict(extra="forbid"),
+    **{f.name: (_PARAM_TYPES[f.type], Field(None, json_schema_extra=lambda schema: schema.pop("default")))
+       for f in fields(PolicySpec) if f.name != "name"})
+
+
+class Policy(_Strict):
+    """A serving policy other than stock vLLM (``inputs.policy``, twin.policies.spec.policy_record): a preset and
+    the parameters that differ from it, checked as the twin checks them (stock vLLM is recorded by absence)."""
+
+    name: Literal[tuple(PRESETS)]
+    params: PolicyParams = Field(default_factory=PolicyParams)
+
+    @model_validator(mode="after")
+    def _known(self) -> Policy:
+        try:
+            policy_from_record({"name": self.name, "params": self.params.model_dump(exclude_none=True)})
+        except WorkloadError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+
 class Inputs(_Open):
     workload: Workload
+    lengths: Lengths | None = None
     profile_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
-    policy: dict[str, Any] | None = None
+    policy: Policy | None = None
+    predictor: Predictor
     algorithm: str
     confirmation: Confirmation | None = None
+
+
+#: The most tokens an engine setting names (vLLM's longest contexts are 10M tokens).
+MAX_TOKENS = 1 << 24
+
+
+class Engine(_Strict):
+    """The engine settings every instance shares (planner.placement.engine_settings): with the planned
+    --max-loras, --max-lora-rank and --max-cpu-loras, the only vLLM options a launch line carries, so a plan
+    adds no other flag and overrides no planned one."""
+
+    max_num_batched_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS)]
+    max_num_seqs: Annotated[int, Field(ge=1, le=1_000_000)]
+    max_model_len: Annotated[int, Field(ge=1, le=MAX_TOKENS)]
+    block_size: Annotated[int, Field(ge=1, le=1024)]
+    enable_chunked_prefill: bool
+    enable_prefix_caching: bool
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
 
 
 class Route(_Closed):
     instance_id: InstanceId
     weight: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
+
+
+class InstanceChange(_Open):
+    instance_id: InstanceId
+    restart_because: list[str] = []
+
+
+class Move(_Open):
+    adapter_id: AdapterId
+    reason: str
+
+
+class Changes(_Open):
+    """A re-plan's ``changes`` (planner.replan.changes); a list older re-plans did not write reads as empty."""
+
+    instances: list[InstanceChange] = []
+    moves: list[Move] = []
+    moved_adapters: list[AdapterId] = []
+    added_adapters: list[AdapterId] = []
+    dropped_adapters: list[AdapterId] = []
+    new_instances: list[InstanceId] = []
+    removed_instances: list[InstanceId] = []
+    held_back: list[str] = []
+    fresh_plan_gpus: Annotated[int, Field(ge=0)] | None = None
 
 
 class PlacementFile(_Closed):
@@ -144,11 +240,11 @@ class PlacementFile(_Closed):
     schema_version: Literal[1]
     inputs: Inputs
     summary: dict[str, Any] = {}
-    engine: dict[str, int | float | bool | str | None]
+    engine: Engine
     instances: list[Instance]
     adapters: list[AdapterRow]
     router: dict[str, list[Route]] = {}
-    changes: dict[str, Any] | None = None
+    changes: Changes | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> PlacementFile:
