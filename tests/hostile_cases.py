@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import stat
+import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,8 +137,31 @@ def _set(path: str, value) -> Callable[[dict], None]:
     return mutate
 
 
+def _drop(path: str) -> Callable[[dict], None]:
+    def mutate(doc: dict) -> None:
+        *keys, last = path.split(".")
+        node = doc
+        for k in keys:
+            node = node[k]
+        del node[last]
+
+    return mutate
+
+
 def _duplicate_instance(doc: dict) -> None:
     doc["instances"].append(dict(doc["instances"][0]))
+
+
+def _two_gpus(doc: dict) -> None:
+    """The plan's adapters split over two GPUs, ``gpu-0`` and ``gpu-1``."""
+    first = doc["instances"][0]
+    half = len(first["adapters"]) // 2
+    doc["instances"] = [{**first, "adapters": first["adapters"][:half]},
+                        {**first, "instance_id": "gpu-1", "adapters": first["adapters"][half:]}]
+
+
+#: A command a plan's text would run if a launch script carried it unescaped.
+PWN = "\ntouch ./pwned_by_plan #"
 
 
 #: Placement files that are bad input.
@@ -171,12 +196,41 @@ BAD_PLACEMENTS: dict[str, Callable[[dict], None] | str] = {
     "profile-id-path": _set("inputs.profile_id", "../../../etc/passwd"),
     "rate-nan": lambda doc: doc["adapters"][0].update(rate_rps=float("nan")),
     "rank-string": lambda doc: doc["adapters"][0].update(rank="eight"),
+    "policy-no-name": _set("inputs.policy", {"params": {}}),
+    "policy-name-command": _set("inputs.policy", {"name": "chameleon" + PWN, "params": {}}),
+    "policy-stock-with-params": _set("inputs.policy", {"name": "vllm", "params": {"queues": 2}}),
+    "policy-param-command": _set("inputs.policy", {"name": "chameleon", "params": {"queues" + PWN: 2}}),
+    "policy-param-word": _set("inputs.policy", {"name": "chameleon", "params": {"queues": "two"}}),
+    "policy-param-zero": _set("inputs.policy", {"name": "chameleon", "params": {"queues": 0}}),
+    "policy-param-value-command": _set("inputs.policy", {"name": "chameleon", "params": {"scheduler": "fifo" + PWN}}),
+    "policy-list": _set("inputs.policy", ["chameleon"]),
+    "predictor-missing": _drop("inputs.predictor"),
+    "predictor-kind-missing": _drop("inputs.predictor.kind"),
+    "lengths-own-missing": _drop("inputs.lengths.adapters_with_own_lengths"),
+    "lengths-word": _set("inputs.lengths.mean_input_tokens", "long"),
+    "margin-word": lambda doc: doc["inputs"]["confirmation"].update(repacked_gpus=2, margin="wide"),
+    "engine-trust-remote-code": _set("engine.trust_remote_code", True),
+    "engine-no-lora": _set("engine.enable_lora", False),
+    "engine-max-loras": _set("engine.max_loras", 100_000),
+    "engine-second-model": _set("engine.model", "evil/model"),
+    "engine-empty": _set("engine", {}),
+    "engine-string": _set("engine", "--trust-remote-code"),
+    "engine-len-word": _set("engine.max_model_len", "big"),
+    "engine-len-option": _set("engine.max_model_len", "8192 --trust-remote-code"),
+    "engine-utilization-five": _set("engine.gpu_memory_utilization", 5),
+    "engine-prefix-caching-word": _set("engine.enable_prefix_caching", "sometimes"),
+    "changes-instance-no-id": _set("changes", {"instances": [{"restart_because": ["x"]}]}),
+    "changes-move-no-reason": _set("changes", {"moves": [{"adapter_id": "a0"}]}),
+    "changes-reasons-word": _set("changes", {"instances": [{"instance_id": "gpu-0", "restart_because": "x"}]}),
 }
+
+MODEL = ("--model", "org/model")
 
 
 def cases() -> list[Case]:
     """Every case: each bad workload for plan, simulate, evaluate and replan; each bad placement for
-    evaluate, replan, render and verify; unwritable outputs; an empty plan for verify."""
+    evaluate, replan, render (vllm and k8s) and verify; unwritable outputs; an empty plan for verify; object
+    names the Kubernetes API refuses; ports past 65535."""
     out: list[Case] = []
     for name, text in BAD_WORKLOADS.items():
         write = _csv(text)
@@ -193,7 +247,8 @@ def cases() -> list[Case]:
             Case(f"evaluate-plan/{name}", write, ("evaluate", "plan.json", "good.csv")),
             Case(f"replan-plan/{name}", write, ("replan", "good.csv", "--previous", "plan.json", "--out", "new.json"),
                  "new.json"),
-            Case(f"render/{name}", write, ("render", "plan.json", "--format", "vllm")),
+            Case(f"render/{name}", write, ("render", "plan.json", "--format", "vllm", *MODEL)),
+            Case(f"render-k8s/{name}", write, ("render", "plan.json", "--format", "k8s", *MODEL)),
             Case(f"verify/{name}", write, ("verify", "plan.json", "--engine", "cpu", "--synthesize",
                                            "--work-dir", "vw"), "vw"),
         ]
@@ -203,6 +258,16 @@ def cases() -> list[Case]:
                         ("replan", "good.csv", "--previous", "base.json", "--out", target)))
     out.append(Case("verify/empty-plan", _with_base(_placement(lambda doc: doc.update(instances=[]))),
                     ("verify", "plan.json", "--engine", "cpu", "--synthesize", "--work-dir", "vw"), "vw"))
+    for name in ("9x", "a.b", "A", "a-", "x" * 41):  # Service names are DNS-1035 labels
+        out.append(Case(f"render-name/{name[:8]}", _with_base(_csv(GOOD_CSV)),
+                        ("render", "base.json", "--format", "llm-d", *MODEL, "--name", name)))
+    out.append(Case("plan-name/9x", _csv(GOOD_CSV), ("plan", "good.csv", "--no-confirm", "--format", "k8s", *MODEL,
+                                                     "--name", "9x", "--out", "new.json"), "new.json"))
+    for iid in ("gpu.0", "GPU-0", "gpu_0", "g" * 60):
+        out.append(Case(f"render-instance/{iid[:8]}", _with_base(_placement(_set("instances.0.instance_id", iid))),
+                        ("render", "plan.json", "--format", "k8s", *MODEL)))
+    out.append(Case("render-port/past-65535", _with_base(_placement(_two_gpus)),
+                    ("render", "plan.json", "--format", "vllm", *MODEL, "--port-base", "65535")))
     return out + reader_cases()
 
 
@@ -338,3 +403,26 @@ def reader_cases() -> list[Case]:
     cases += [Case(f"float/{name}", _files(), argv, "new.csv" if "from-log" in name else None)
               for name, argv in floats.items()]
     return cases
+
+
+#: A stand-in for ``python`` that starts nothing: it keeps its arguments (NUL-separated) in $STUB_ARGV/<pid>.
+STUB = """#!/bin/sh
+printf '%s\\0' "$@" > "$STUB_ARGV/$$"
+"""
+
+
+def run_with_stub(script: str, d: Path) -> list[list[str]]:
+    """Run a rendered launch ``script`` with bash in ``d`` (a test's own directory), ``python`` on its PATH the
+    stub: the arguments of each server it starts, by --port. A command the script should not run, such as a
+    ``touch`` of a plan's or a flag's text, runs for real, so its file shows it."""
+    (d / "launch.sh").write_text(script + "\nwait\n")
+    bin_dir, runs = d / "stub-bin", d / "stub-argv"
+    bin_dir.mkdir()
+    runs.mkdir()
+    stub = bin_dir / "python"
+    stub.write_text(STUB)
+    stub.chmod(stub.stat().st_mode | stat.S_IEXEC)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "STUB_ARGV": str(runs)}
+    subprocess.run(["bash", "launch.sh"], cwd=d, env=env, check=True, timeout=60)
+    argvs = [f.read_text().split("\0")[:-1] for f in runs.iterdir()]
+    return sorted(argvs, key=lambda argv: int(argv[argv.index("--port") + 1]))

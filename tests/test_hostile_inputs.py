@@ -8,10 +8,7 @@ show no workload-derived value runs as a command, and property-based fuzzing of 
 from __future__ import annotations
 
 import json
-import os
 import shlex
-import stat
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -22,7 +19,7 @@ from hypothesis import strategies as st
 from planner.cli import main
 from planner.schema import validate
 from planner.workload_csv import read_workload
-from tests.hostile_cases import GOOD_CSV, base_plan, cases
+from tests.hostile_cases import GOOD_CSV, base_plan, cases, run_with_stub
 from twin import BadInputError
 
 CASES = cases()
@@ -45,11 +42,6 @@ def test_a_hostile_input_is_exit_2_one_line_and_writes_nothing(case, tmp_path, m
     assert len(CASES) >= 150
 
 
-STUB = """#!/bin/sh
-printf '%s\\0' "$@" > "$STUB_ARGV/$$"
-"""
-
-
 def test_rendered_launch_commands_run_no_workload_or_flag_value_as_a_command(tmp_path):
     """A workload file and an --adapter-dir whose names carry a newline and a command, a model name with a
     command substitution: the rendered script, run by bash with a stub `python`, starts only the stub, and
@@ -62,20 +54,8 @@ def test_rendered_launch_commands_run_no_workload_or_flag_value_as_a_command(tmp
     res = r.invoke(main, ["render", str(plan), "--format", "vllm", "--model", "$(touch pwned-by-model)",
                           "--adapter-dir", "/srv/a\ntouch pwned-by-dir #"])
     assert res.exit_code == 0, res.output
-    script = tmp_path / "launch.sh"
-    script.write_text(res.output + "\nwait\n")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    stub = bin_dir / "python"
-    stub.write_text(STUB)
-    stub.chmod(stub.stat().st_mode | stat.S_IEXEC)
-    runs_dir = tmp_path / "argv"
-    runs_dir.mkdir()
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "STUB_ARGV": str(runs_dir)}
-    subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, check=True, timeout=60)
+    runs = run_with_stub(res.output, tmp_path)
     assert not list(tmp_path.glob("pwned*"))
-    runs = [f.read_text().split("\0")[:-1] for f in runs_dir.iterdir()]
-    runs.sort(key=lambda argv: int(argv[argv.index("--port") + 1]))
     doc = json.loads(plan.read_text())
     assert len(runs) == len(doc["instances"])
     for argv, inst in zip(runs, doc["instances"]):
