@@ -68,7 +68,7 @@ def test_plan_with_chameleon_holds_in_its_twin_and_evaluate_reads_the_policy(tmp
     assert code == 0 and json.loads(text)["policy"] == {"name": "chameleon", "params": {"queues": 2}}
     code, text = cli("evaluate", out, SMALL, "--duration", 600, "--policy", "vllm", "--json")
     assert code == 0 and "policy" not in json.loads(text)
-    code, text = cli("plan", SMALL, "--policy", "chameleon", "--predictor", "twin", "--format", "vllm")
+    code, text = cli("plan", SMALL, "--policy", "chameleon", "--predictor", "twin", "--format", "vllm", "--model", "org/model")
     assert code == 0 and "stock vLLM does not implement it" in text
     code, text = cli("verify", out, "--engine", "cpu", "--synthesize")  # refused before any engine starts
     assert code == 2 and "real vLLM does not implement" in text
