@@ -197,3 +197,40 @@ def test_older_plans_read_and_render_as_before(tmp_path, changes):
     assert shlex.split(script.output, comments=True) == ["CUDA_VISIBLE_DEVICES=0",
                                                          *planned_argv(doc, doc["instances"][0], "org/m", 8000,
                                                                        "adapters"), "&"]
+
+
+def _paths(doc, prefix=()):
+    """Every path into a JSON document: (keys and indices), for the mutations below."""
+    yield prefix
+    items = doc.items() if isinstance(doc, dict) else enumerate(doc) if isinstance(doc, list) else ()
+    for key, value in items:
+        yield from _paths(value, (*prefix, key))
+
+
+JUNK = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(), st.text(max_size=20),
+                 st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=5), st.integers(), max_size=2))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_damaged_plan_renders_or_is_one_line_of_exit_2(tmp_path, data):
+    """A real plan with one to three fields removed or replaced by any JSON value: render reads it (exit 0) or
+    refuses it in one line (exit 2), whatever the format; never a traceback."""
+    from tests.hostile_cases import base_plan
+
+    doc = json.loads(base_plan())
+    for _ in range(data.draw(st.integers(1, 3))):
+        where = data.draw(st.sampled_from([p for p in _paths(doc) if p]))
+        parent = doc
+        for key in where[:-1]:
+            parent = parent[key]
+        if data.draw(st.booleans()) and isinstance(parent, dict):
+            del parent[where[-1]]
+        else:
+            parent[where[-1]] = data.draw(JUNK)
+    (tmp_path / "plan.json").write_text(json.dumps(doc))
+    fmt = data.draw(st.sampled_from(["table", "json", "vllm", "k8s"]))
+    res = CliRunner().invoke(main, ["render", str(tmp_path / "plan.json"), "--format", fmt, "--model", "org/m"])
+    assert res.exit_code in (0, 2), res.output + repr(res.exception)
+    if res.exit_code == 2:
+        assert res.output.startswith("error: ") and res.output.count("\n") == 1, res.output
