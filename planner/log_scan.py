@@ -120,15 +120,8 @@ def _lookup(b, s, e, slots, hashes, start, length, store, state):
     n = e - s
     while slots[j] >= 0:
         k = slots[j]
-        if hashes[k] == h and length[k] == n:
-            o = start[k]
-            same = True
-            for i in range(n):
-                if store[o + i] != b[s + i]:
-                    same = False
-                    break
-            if same:
-                return k
+        if hashes[k] == h and length[k] == n and _same_bytes(store, start[k], b, s, n):
+            return k
         j = (j + 1) & mask
     k = state[0]
     if 2 * (k + 1) > slots.size // 2 or k + 1 >= hashes.size or state[1] + n > store.size:
@@ -330,20 +323,23 @@ def _skip(b, i, e, stack, num):
 
 
 @njit(cache=True, nogil=True)
+def _same_bytes(a, a_start, b, b_start, n):
+    """Whether a[a_start:a_start + n] and b[b_start:b_start + n] hold the same bytes."""
+    for i in range(n):
+        if a[a_start + i] != b[b_start + i]:
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True)
 def _key_code(b, s, e):
     """The index in _KEYS of the key b[s:e] (quotes excluded), or -1."""
     n = e - s
     lo = 0
     for k in range(_KEY_END.size):
         hi = _KEY_END[k]
-        if hi - lo == n:
-            same = True
-            for i in range(n):
-                if b[s + i] != _KEY_BYTES[lo + i]:
-                    same = False
-                    break
-            if same:
-                return k
+        if hi - lo == n and _same_bytes(_KEY_BYTES, lo, b, s, n):
+            return k
         lo = hi
     return -1
 
