@@ -68,23 +68,16 @@ class PrefixSearch:
         if not self.compiled():
             return self._search(pos, k_max)
         req, pred = self.req, self.req.predictor
-        rank_values, limits, lora_ranks, points, kv = self._candidate_tables()
-        cv_in2, cv_out2, one_cs2 = req.size_terms
         t, s = pred.throughput_forest, pred.starved_forest
         ttft = pred.ttft_forest if req.bar is not None and pred.ttft_forest is not None else t
         tpot = pred.tpot_forest if req.bar is not None and pred.tpot_forest is not None else t
         edge = pred.edge.forest if req.edge and pred.edge is not None else t
         ttft_limits, tpot_limits = self._latency_limits()
-        k, a_max = _largest_prefix(
-            pred.terms, ranks[pos:], rates[pos:], d_in[pos:], d_out[pos:], ttft_limits[pos:], tpot_limits[pos:],
-            k_max, rank_values, limits, lora_ranks, points, kv,
-            1.0 + req.margin, STRESS_FACTOR, float(req.min_ratio), ttft is not t, tpot is not t, float(req.size_margin),
-            cv_in2, cv_out2, one_cs2, edge is not t, MIN_PASS_PROBABILITY,
-            t.nodes, t.thresholds, t.leaf_row, t.leaf_value, t.roots,
-            s.nodes, s.thresholds, s.leaf_row, s.leaf_value, s.roots,
-            ttft.nodes, ttft.thresholds, ttft.leaf_row, ttft.leaf_value, ttft.roots,
-            tpot.nodes, tpot.thresholds, tpot.leaf_row, tpot.leaf_value, tpot.roots,
-            edge.nodes, edge.thresholds, edge.leaf_row, edge.leaf_value, edge.roots)
+        queue = (ranks[pos:], rates[pos:], d_in[pos:], d_out[pos:], ttft_limits[pos:], tpot_limits[pos:])
+        aim = (1.0 + req.margin, STRESS_FACTOR, float(req.min_ratio), ttft is not t, tpot is not t,
+               float(req.size_margin), *req.size_terms, edge is not t, MIN_PASS_PROBABILITY)
+        k, a_max = _largest_prefix(pred.terms, queue, k_max, self._candidate_tables(), aim,
+                                   tuple(_record(f) for f in (t, s, ttft, tpot, edge)))
         return int(k), int(a_max)
 
     def _latency_limits(self) -> tuple[np.ndarray, np.ndarray]:
@@ -171,22 +164,24 @@ class PrefixSearch:
         return self._tables
 
 
+def _record(forest) -> tuple[np.ndarray, ...]:
+    """A packed forest as the kernels take it: (nodes, thresholds, leaf_row, leaf_value, roots)."""
+    return forest.nodes, forest.thresholds, forest.leaf_row, forest.leaf_value, forest.roots
+
+
 @numba.njit(cache=True)
-def _largest_prefix(terms, ranks, rates, input_tokens, output_tokens, ttft_limits, tpot_limits, k_max, rank_values,
-                    limits, lora_ranks, points, kv, scale, stress, min_ratio, use_ttft, use_tpot, size_margin, cv_in2,
-                    cv_out2, one_cs2, use_edge, edge_min, t_nodes, t_thresholds, t_leaf_row, t_leaf_value, t_roots,
-                    s_nodes, s_thresholds, s_leaf_row, s_leaf_value, s_roots, l_nodes, l_thresholds, l_leaf_row,
-                    l_leaf_value, l_roots, p_nodes, p_thresholds, p_leaf_row, p_leaf_value, p_roots, e_nodes,
-                    e_thresholds, e_leaf_row, e_leaf_value, e_roots):
+def _largest_prefix(terms, queue, k_max, tables, aim, forests):
     """PrefixSearch._search over compiled verdicts: (k, A_max), (0, 0) when the first adapter alone fails.
-    ``ttft_limits``: per entry, log10 of its p99 TTFT limit in ms; ``use_ttft``: the ``l_*`` forest predicts it;
-    ``tpot_limits`` and ``use_tpot``: the same of the p99 TPOT the ``p_*`` forest is held to;
-    ``scale`` is 1 + the margin and ``stress`` the stress factor on top of it; ``size_margin`` and the size terms:
-    :meth:`PackRequest.aim_scale`; ``use_edge``: a candidate passes only where the ``e_*`` classifier (the edge
-    model) gives "passes" at least ``edge_min``."""
-    buf = np.empty(k_max)
-    nominal, stressed = np.empty(N_SUMS), np.empty(N_SUMS)
-    x, x32, out = np.empty(N_FEATURES), np.empty(N_FEATURES + 1, np.float32), np.empty(2)  # x32: EDGE_FEATURES
+
+    ``queue``: per entry from the search's position, (rank, rate, input tokens, output tokens, log10 of the
+    p99 TTFT limit in ms, log10 of the p99 TPOT the prediction is held to); ``tables``:
+    :meth:`PrefixSearch._candidate_tables`; ``aim``: (1 + the margin, the stress factor on top of it, the
+    served share required, whether the TTFT forest predicts the TTFT limit, the same of TPOT, the size margin
+    and the three size terms of :meth:`PackRequest.aim_scale`, whether the edge classifier must give
+    "passes", the least probability it must give); ``forests``: the throughput, starved, TTFT, TPOT and edge
+    forests as :func:`_record` gives them."""
+    ranks, rates, input_tokens, output_tokens, ttft_limits, tpot_limits = queue
+    rank_values = tables[0]
     need = np.empty(k_max, np.int64)  # row of rank_values holding each prefix's largest rank
     limit = np.empty(k_max)  # each prefix's TTFT limit: the strictest of its entries'
     tpot_limit = np.empty(k_max)  # and its TPOT limit
@@ -199,18 +194,17 @@ def _largest_prefix(terms, ranks, rates, input_tokens, output_tokens, ttft_limit
         limit[i] = strictest
         strictest_tpot = min(strictest_tpot, tpot_limits[i])
         tpot_limit[i] = strictest_tpot
-    args = (terms, ranks, rates, input_tokens, output_tokens, need, limit, tpot_limit, limits, lora_ranks, points, kv,
-            scale, stress, min_ratio, use_ttft, use_tpot, size_margin, cv_in2, cv_out2, one_cs2, use_edge, edge_min,
-            buf, nominal, stressed, x, x32, out, t_nodes, t_thresholds, t_leaf_row, t_leaf_value, t_roots, s_nodes,
-            s_thresholds, s_leaf_row, s_leaf_value, s_roots, l_nodes, l_thresholds, l_leaf_row, l_leaf_value, l_roots,
-            p_nodes, p_thresholds, p_leaf_row, p_leaf_value, p_roots, e_nodes, e_thresholds, e_leaf_row, e_leaf_value,
-            e_roots)
-    a_first = _prefix_verdict(1, *args)
+    group = (ranks, rates, input_tokens, output_tokens, need, limit, tpot_limit)
+    # buffers: rates scaled, the nominal and stressed feature sums, a feature row, its float32 copy with the
+    # edge classifier's own feature after it, a forest's outputs
+    work = (np.empty(k_max), np.empty(N_SUMS), np.empty(N_SUMS), np.empty(N_FEATURES),
+            np.empty(N_FEATURES + 1, np.float32), np.empty(2))
+    a_first = _prefix_verdict(1, terms, group, tables, aim, work, forests)
     if a_first == 0:
         return 0, 0
     lo, lo_a, hi, k = 1, a_first, -1, 2
     while k <= k_max:
-        a = _prefix_verdict(k, *args)
+        a = _prefix_verdict(k, terms, group, tables, aim, work, forests)
         if a:
             lo, lo_a, k = k, a, k * 2
         else:
@@ -219,13 +213,13 @@ def _largest_prefix(terms, ranks, rates, input_tokens, output_tokens, ttft_limit
     if hi < 0:
         if lo == k_max:
             return lo, lo_a
-        a = _prefix_verdict(k_max, *args)
+        a = _prefix_verdict(k_max, terms, group, tables, aim, work, forests)
         if a:
             return k_max, a
         hi = k_max
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        a = _prefix_verdict(mid, *args)
+        a = _prefix_verdict(mid, terms, group, tables, aim, work, forests)
         if a:
             lo, lo_a = mid, a
         else:
@@ -234,16 +228,17 @@ def _largest_prefix(terms, ranks, rates, input_tokens, output_tokens, ttft_limit
 
 
 @numba.njit(cache=True)
-def _prefix_verdict(k, terms, ranks, rates, input_tokens, output_tokens, need, ttft_limit, tpot_limit, limits,
-                    lora_ranks, points, kv, scale, stress, min_ratio, use_ttft, use_tpot, size_margin, cv_in2, cv_out2,
-                    one_cs2, use_edge, edge_min, buf, nominal, stressed, x, x32, out, t_nodes, t_thresholds, t_leaf_row,
-                    t_leaf_value, t_roots, s_nodes, s_thresholds, s_leaf_row, s_leaf_value, s_roots, l_nodes,
-                    l_thresholds, l_leaf_row, l_leaf_value, l_roots, p_nodes, p_thresholds, p_leaf_row, p_leaf_value,
-                    p_roots, e_nodes, e_thresholds, e_leaf_row, e_leaf_value, e_roots):
-    """``best_a_max`` of the first k adapters: the chosen A_max, 0 if none passes. Candidates as
+def _prefix_verdict(k, terms, group, tables, aim, work, forests):
+    """``best_a_max`` of the first k adapters of ``group`` (the queue's arrays, then per prefix the row of
+    its largest rank and its TTFT and TPOT limits): the chosen A_max, 0 if none passes. Candidates as
     ``a_max_candidates``: every profiled point below top = min(k, A_max limit), then top. With a TTFT limit
     and a latency forest, the passing candidate with the lowest p99 TTFT at the stressed load wins, else the
     one with the highest stressed throughput (ties: the larger A_max)."""
+    ranks, rates, input_tokens, output_tokens, need, ttft_limit, tpot_limit = group
+    _, limits, lora_ranks, points, kv = tables
+    scale, stress, min_ratio, use_ttft, use_tpot, size_margin, cv_in2, cv_out2, one_cs2, use_edge, edge_min = aim
+    buf, nominal, stressed, x, x32, out = work
+    throughput, starved, ttft, tpot, edge = forests
     row = need[k - 1]
     top = min(k, limits[row])
     if top < 1:
@@ -268,17 +263,15 @@ def _prefix_verdict(k, terms, ranks, rates, input_tokens, output_tokens, need, t
         a = points[c] if c < n_points else top
         tokens = float(kv[row, a])
         _features32(terms, nominal, a, rank, tokens, x, x32)
-        if not _passes(x, x32, out, min_ratio, t_nodes, t_thresholds, t_leaf_row, t_leaf_value, t_roots,
-                       s_nodes, s_thresholds, s_leaf_row, s_leaf_value, s_roots):
+        if not _passes(x, x32, out, min_ratio, throughput, starved):
             continue
-        if latency and _log_latency(x32, out, l_nodes, l_thresholds, l_leaf_row, l_leaf_value, l_roots) > lim:
+        if latency and _predict(x32, out, ttft) > lim:
             continue
-        if per_token and _log_latency(x32, out, p_nodes, p_thresholds, p_leaf_row, p_leaf_value, p_roots) > tpot_lim:
+        if per_token and _predict(x32, out, tpot) > tpot_lim:
             continue
         if use_edge:
             x32[N_FEATURES] = min(1.0, a / x[0])  # models.edge.edge_features
-            forest_row(e_nodes, e_thresholds, e_leaf_row, e_leaf_value, e_roots, x32, out)
-            if out[1] < edge_min:
+            if _predict(x32, out, edge, 1) < edge_min:
                 continue
         if not have_stressed:
             for i in range(k):
@@ -287,9 +280,9 @@ def _prefix_verdict(k, terms, ranks, rates, input_tokens, output_tokens, need, t
             have_stressed = True
         _features32(terms, stressed, a, rank, tokens, x, x32)
         if latency:
-            score = -_log_latency(x32, out, l_nodes, l_thresholds, l_leaf_row, l_leaf_value, l_roots)
+            score = -_predict(x32, out, ttft)
         else:
-            score = _throughput(x, x32, out, t_nodes, t_thresholds, t_leaf_row, t_leaf_value, t_roots)
+            score = _throughput(x, x32, out, throughput)
         if best == 0 or score >= best_score:  # candidates ascend: a tie goes to the larger A_max
             best, best_score = a, score
     return best
@@ -304,26 +297,24 @@ def _features32(terms, sums, a_max, max_rank, kv, x, x32):
         x32[f] = x[f]
 
 
-@numba.njit(cache=True)
-def _throughput(x, x32, out, t_nodes, t_thresholds, t_leaf_row, t_leaf_value, t_roots):
-    forest_row(t_nodes, t_thresholds, t_leaf_row, t_leaf_value, t_roots, x32, out)
-    return out[0] * throughput_base(x)
+@numba.njit(cache=True, inline="always")
+def _predict(x32, out, forest, output=0):
+    """One output of a forest (a :func:`_record`) for the row ``x32``: a latency forest's log10 ms, a
+    classifier's probability of class ``output``."""
+    forest_row(forest[0], forest[1], forest[2], forest[3], forest[4], x32, out)
+    return out[output]
 
 
-@numba.njit(cache=True)
-def _log_latency(x32, out, l_nodes, l_thresholds, l_leaf_row, l_leaf_value, l_roots):
-    """A latency forest's prediction of the row (log10 ms)."""
-    forest_row(l_nodes, l_thresholds, l_leaf_row, l_leaf_value, l_roots, x32, out)
-    return out[0]
+@numba.njit(cache=True, inline="always")
+def _throughput(x, x32, out, forest):
+    return _predict(x32, out, forest) * throughput_base(x)
 
 
-@numba.njit(cache=True)
-def _passes(x, x32, out, min_ratio, t_nodes, t_thresholds, t_leaf_row, t_leaf_value, t_roots,
-            s_nodes, s_thresholds, s_leaf_row, s_leaf_value, s_roots):
+@numba.njit(cache=True, inline="always")
+def _passes(x, x32, out, min_ratio, throughput, starved):
     """Of the feature row in ``x``/``x32``: not starved, and serving ``min_ratio`` of its load if > 0 (the
     throughput forest runs only then)."""
-    forest_row(s_nodes, s_thresholds, s_leaf_row, s_leaf_value, s_roots, x32, out)
+    _predict(x32, out, starved)
     if out[1] > out[0]:
         return False
-    return min_ratio <= 0 or _throughput(x, x32, out, t_nodes, t_thresholds, t_leaf_row, t_leaf_value,
-                                         t_roots) >= min_ratio * x[ARRIVING]
+    return min_ratio <= 0 or _throughput(x, x32, out, throughput) >= min_ratio * x[ARRIVING]
