@@ -647,16 +647,16 @@ def _name_new_instances(previous: Placement, new: list[InstancePlan], free: list
     for prev in free:
         if not unnamed:
             break
-        running = (prev.a_max, prev.max_lora_rank, prev.max_cpu_loras)
-        options = [(inst, *engine_change(running, inst.a_max, inst.max_lora_rank, len(inst.adapters),
-                                         "a new group of adapters takes over this GPU"))
-                   for inst in sorted(unnamed, key=lambda i: -len(set(i.adapters) & set(prev.adapters)))]
-        allowed = [o for o in options if not o[2] or len(restarted) < restarts_left]
-        if not allowed:
-            held_back.append(f"{prev.instance_id} stops rather than restart for a new group of adapters "
-                             f"({options[0][2][0].split(':')[0]}): --max-restarts allows no more restarts")
+        running, held = (prev.a_max, prev.max_lora_rank, prev.max_cpu_loras), set(prev.adapters)
+        for inst in sorted(unnamed, key=lambda i: -len(held.intersection(i.adapters))):  # most shared first
+            settings, why = engine_change(running, inst.a_max, inst.max_lora_rank, len(inst.adapters),
+                                          "a new group of adapters takes over this GPU")
+            if not why or len(restarted) < restarts_left:
+                break
+        else:  # every group would restart it, and the budget allows no more restarts
+            held_back.append(f"{prev.instance_id} stops rather than restart for a new group of adapters: "
+                             "--max-restarts allows no more restarts")
             continue
-        inst, settings, why = allowed[0]
         unnamed.remove(inst)
         inst.instance_id = prev.instance_id
         inst.a_max, inst.max_lora_rank, inst.max_cpu_loras = settings
