@@ -115,6 +115,7 @@ class Placement:
             "gpus": len(self.instances),
             "adapters": len(self.adapters),
             "arriving_tok_s": round(sum(i.arriving_tok_s for i in self.instances), 3),
+            "lower_bound_gpus": self.inputs.get("lower_bound", {}).get("gpus"),  # absent in older plans
             "predicted_throughput_tok_s": round(sum(p for p in pred if p is not None), 3),
             "judged_by": "twin" if judged else self.inputs.get("predictor", {}).get("kind", "predictor"),
             "worst_served": min((i.twin["served"] for i in judged), default=None),

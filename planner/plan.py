@@ -10,6 +10,7 @@ from models.scenario import Predictor
 from planner.baselines import plan_dlora, plan_latency, plan_maxbase, plan_random
 from planner.confirm import Confirmation, Progress, judged, pack_confirmed
 from planner.greedy import plan_greedy
+from planner.lower_bound import lower_bound
 from planner.packing import GpuGroup, PackRequest
 from planner.paper_greedy import plan_paper_greedy
 from planner.placement import Placement, adapter_rows, build_instances, engine_settings, plan_inputs
@@ -128,9 +129,11 @@ def make_plan(workload_path: str | os.PathLike, workload: Workload, profile: Pro
     """Plan ``workload``; raises :class:`InfeasibleError` when the algorithm finds no plan."""
     req = pack_request(workload, profile, predictor, opts)
     inputs = plan_inputs(workload_path, req, opts.algorithm, opts.headroom)
+    bound = lower_bound(req, opts.bar(profile), opts.jobs)
     groups, confirmation = plan_groups(req, opts, progress)
     if confirmation is not None:
         inputs["confirmation"] = confirmation.to_dict()
+    inputs["lower_bound"] = bound().to_dict()
     return Placement(
         inputs=inputs,
         instances=build_instances(req, groups, twin=None if confirmation is None else confirmation.rows),

@@ -7,6 +7,7 @@ import shlex
 from collections import Counter
 from pathlib import PurePosixPath
 
+from planner.lower_bound import bound_words
 from planner.placement import InstancePlan, Placement
 from planner.verdict import bounds_words, run_length_words, tightened_words
 from planner.workload_csv import printable
@@ -85,6 +86,8 @@ def render_table(p: Placement) -> str:
             lines.append(tight)
     else:
         lines.append("predicted by the plan's predictor alone (--no-confirm): not judged in the twin")
+    if "lower_bound" in p.inputs:
+        lines.append(bound_words(p.inputs["lower_bound"], s["gpus"]))
     if judged:
         rows = [("instance", "adapters", "--max-loras", "--max-lora-rank", "arriving tok/s", "served", "p99 TTFT",
                  "p99 TPOT", "status")]

@@ -54,6 +54,7 @@ import numpy as np
 
 from planner.confirm import Progress, check_groups, pack_confirmed, scenarios_of
 from planner.greedy import plan_greedy
+from planner.lower_bound import lower_bound
 from planner.packing import GpuGroup, PackRequest, a_max_limit, best_a_max, keeps_up, passing
 from planner.placement import (
     SHARE_DECIMALS,
@@ -627,6 +628,7 @@ def _placement(previous: Placement, workload_path, req: PackRequest, work: _Repl
                                   "worst_served": min((i.twin["served"] for i in instances if i.twin), default=None),
                                   "worst_ttft_ms_p99": max((i.twin["ttft_ms_p99"] or 0 for i in instances if i.twin),
                                                            default=None)}
+    inputs["lower_bound"] = lower_bound(req, work.judge.bar)().to_dict()
     placement = Placement(inputs, instances, adapter_rows(req), engine_settings(req.profile))
     restart_reasons = {s.prev.instance_id: s.restart for s in work.slots if s.restart and s.prev is not None}
     restart_reasons.update(reused)

@@ -177,6 +177,18 @@ class Policy(_Strict):
         return self
 
 
+class LowerBound(_Open):
+    """The fewest GPUs a plan of the workload could use (``inputs.lower_bound``, planner.lower_bound; absent in
+    older plans)."""
+
+    gpus: Annotated[int, Field(ge=0)]
+    arriving_tok_s: NonNegative
+    gpu_tok_s: NonNegative | None = None  # None: nothing arrives (an unbounded capacity is not written)
+    rank: Annotated[int, Field(ge=0, le=1024)]
+    mean_input_tokens: NonNegative
+    mean_output_tokens: NonNegative
+
+
 class Inputs(_Open):
     workload: Workload
     lengths: Lengths | None = None
@@ -185,6 +197,7 @@ class Inputs(_Open):
     predictor: Predictor
     algorithm: str
     confirmation: Confirmation | None = None
+    lower_bound: LowerBound | None = None
 
 
 #: The most tokens an engine setting names (vLLM's longest contexts are 10M tokens).

@@ -1,0 +1,156 @@
+"""Safety-margin rules judged on real runs held out by workload: right, dangerous and wasteful decisions.
+
+A plan judges each GPU on the twin slowed by a margin. A rule says which margin: one factor for every GPU
+(``--slowdown``, the profile's ``planning.slo_slowdown`` by default), or a margin that follows the GPU's
+operating point. For each of the study's real one-hour Qwen H100 runs the twin's SLO verdict (p99 TTFT <= 2 s
+and p99 TPOT <= 200 ms over finished requests, as the study's client measured; the twin replaying the run's
+adapters, ``--max-loras`` and client as in ``benchmarks.fidelity.edge_margin``) at the rule's margin is set
+against the real run's: *right* when they agree, *dangerous* when the twin passes a run reality failed,
+*wasteful* when the twin fails a run reality passed.
+
+Rules fitted to runs are judged on runs they were not fitted to: each workload (one scenario's adapter set,
+i.e. scenario x served adapters, every ``--max-loras`` it was run with) is held out in turn and the rule is
+fitted to the others (``--hold-out workload``), or each whole scenario is (``--hold-out scenario``, four
+folds: a harder test, as each fold loses a quarter of the evidence). The rules:
+
+* ``flat-F``: every GPU at margin F (no fitting).
+* ``by-adapters-verdict``: the margin grows with the adapters a GPU serves; at A adapters it is the largest
+  margin any held-in run of at most A adapters needed (the smallest factor of :data:`FACTORS` at which the
+  twin fails a run reality failed), at least the profile's throughput margin.
+* ``by-adapters-tpot``: at A adapters, the largest ratio of real to twin p99 TPOT (at margin 1) over the
+  held-in runs of the nearest served-adapter count at or above A that were not past their capacity
+  (real p99 TTFT within 10 s): the twin's step is taken to be that much too fast there.
+
+The flat margins need no held-out runs; they are listed as the bar the fitted ones must beat.
+
+    python -m benchmarks.fidelity.margin_rules [--jobs 2] [--hold-out workload|scenario]
+        # -> artifacts/benchmarks/margin_rules.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.fidelity.edge_margin import SLO, slo_run
+from benchmarks.fidelity.twin_fidelity import DEFAULT_DATA, load_runs
+from benchmarks.record import result_path, write_result
+from twin import load_profile
+
+#: The margins the twin is run at (every rule's margin is rounded up to one of these).
+FACTORS = (1.0, 1.05, 1.1, 1.2, 1.3, 1.4, 1.5, 1.75, 2.0, 2.5)
+#: A run whose real p99 TTFT exceeds this was past its capacity: its TPOT says little of the step time.
+SATURATED_TTFT_MS = 10_000.0
+
+
+def twin_figures(runs: list[dict], jobs: int) -> np.ndarray:
+    """The twin's (p99 TTFT, p99 TPOT) of every run at every factor: shape (runs, factors, 2)."""
+    with ProcessPoolExecutor(jobs) as ex:
+        flat = list(ex.map(slo_run, [(r, f) for f in FACTORS for r in runs], chunksize=4))
+    return np.array(flat, float).reshape(len(FACTORS), len(runs), 2).transpose(1, 0, 2)
+
+
+def passes(figures: np.ndarray) -> np.ndarray:
+    """The SLO verdict of (p99 TTFT, p99 TPOT) pairs."""
+    return (figures[..., 0] <= SLO["ttft_ms"]) & (figures[..., 1] <= SLO["tpot_ms"])
+
+
+def at_least(margin: float) -> int:
+    """The index of the smallest factor of FACTORS at or above ``margin`` (the largest if none is)."""
+    idx = np.searchsorted(FACTORS, margin - 1e-9)
+    return int(min(idx, len(FACTORS) - 1))
+
+
+def needed(twin_ok: np.ndarray, real_ok: bool, base: int) -> int:
+    """The smallest factor index (at least ``base``) at which the twin passes no run that reality failed."""
+    if real_ok:
+        return base
+    fails = np.flatnonzero(~twin_ok[base:])
+    return base + int(fails[0]) if fails.size else len(FACTORS) - 1
+
+
+def fit_verdict(adapters: np.ndarray, need: np.ndarray, base: int):
+    """by-adapters-verdict fitted to these runs: A -> factor index."""
+    def rule(a: int) -> int:
+        held = need[adapters <= a]
+        return int(held.max()) if held.size else base
+    return rule
+
+
+def fit_tpot(adapters: np.ndarray, ratio: np.ndarray, usable: np.ndarray, base: int):
+    """by-adapters-tpot fitted to these runs: A -> factor index."""
+    counts = np.unique(adapters[usable])
+
+    def rule(a: int) -> int:
+        above = counts[counts >= a]
+        if not above.size:
+            return len(FACTORS) - 1  # beyond every held-in run: the largest margin
+        sel = usable & (adapters == above[0])
+        return max(base, at_least(float(ratio[sel].max())))
+    return rule
+
+
+def score(decided: np.ndarray, real_ok: np.ndarray) -> dict:
+    n = len(real_ok)
+    dangerous = int(np.sum(decided & ~real_ok))
+    wasteful = int(np.sum(~decided & real_ok))
+    return {"runs": n, "right": n - dangerous - wasteful, "dangerous": dangerous, "wasteful": wasteful,
+            "wasteful_share": round(wasteful / n, 4), "twin_passes": int(decided.sum())}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--hold-out", choices=("workload", "scenario"), default="workload")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    runs = load_runs(DEFAULT_DATA)
+    figures = twin_figures(runs, args.jobs)
+    twin_ok = passes(figures)  # (runs, factors)
+    real = np.array([[float(r["p99_ttft_ms"]), float(r["p99_tpot_ms"])] for r in runs])
+    real_ok = passes(real)
+    adapters = np.array([int(r["served_adapters"]) for r in runs])
+    groups = np.array([r["scenario"] + (f"/A={r['served_adapters']}" if args.hold_out == "workload" else "")
+                       for r in runs])
+    base = at_least(load_profile("h100-64gb-qwen2.5-7b").planning_slowdown("throughput"))
+    need = np.array([needed(twin_ok[i], bool(real_ok[i]), base) for i in range(len(runs))])
+    ratio = real[:, 1] / figures[:, 0, 1]
+    usable = real[:, 0] <= SATURATED_TTFT_MS
+
+    rules: dict[str, dict] = {}
+    for k, f in enumerate(FACTORS):
+        rules[f"flat-{f:g}"] = {**score(twin_ok[:, k], real_ok), "margin_by_run": f}
+    for name in ("by-adapters-verdict", "by-adapters-tpot"):
+        chosen = np.empty(len(runs), int)
+        for g in np.unique(groups):
+            out = groups == g
+            fit = (fit_verdict(adapters[~out], need[~out], base) if name == "by-adapters-verdict"
+                   else fit_tpot(adapters[~out], ratio[~out], usable[~out], base))
+            chosen[out] = [fit(int(a)) for a in adapters[out]]
+        decided = twin_ok[np.arange(len(runs)), chosen]
+        full = (fit_verdict(adapters, need, base) if name == "by-adapters-verdict"
+                else fit_tpot(adapters, ratio, usable, base))
+        rules[name] = {**score(decided, real_ok),
+                       "dangerous_runs": [f"{runs[i]['scenario']} A={adapters[i]} A_max={runs[i]['A_max']} at "
+                                          f"{FACTORS[chosen[i]]:g}" for i in np.flatnonzero(decided & ~real_ok)],
+                       "fitted_to_all": {str(a): FACTORS[full(int(a))] for a in np.unique(adapters)}}
+    out = {"benchmark": "margin_rules", "profile": "h100-64gb-qwen2.5-7b", "hold_out": args.hold_out,
+           "slo": SLO, "factors": list(FACTORS), "runs": len(runs), "real_meet": int(real_ok.sum()),
+           "throughput_margin": FACTORS[base], "rules": rules,
+           "per_run": [{"scenario": r["scenario"], "A": int(a), "A_max": int(r["A_max"]), "real_ok": bool(ok),
+                        "needed": FACTORS[n], "tpot_ratio": round(float(q), 3)}
+                       for r, a, ok, n, q in zip(runs, adapters, real_ok, need, ratio)]}
+    path = args.out or result_path("margin_rules" + ("" if args.hold_out == "workload" else "_by_scenario"))
+    write_result(path, out)
+    for name, r in rules.items():
+        print(f"{name:22s} right {r['right']:3d}  dangerous {r['dangerous']:2d}  wasteful {r['wasteful']:2d} "
+              f"({r['wasteful_share']:.1%})")
+    print(json.dumps({k: v.get("fitted_to_all") for k, v in rules.items() if "fitted_to_all" in v}))
+
+
+if __name__ == "__main__":
+    main()
