@@ -108,6 +108,8 @@ def best_gpu_tok_s(profile: Profile, policy: PolicySpec | None, bar: ServiceBar,
 
 def bound_words(record: dict[str, Any], gpus: int) -> str:
     """The bound beside a plan of ``gpus`` GPUs, in words."""
+    if record.get("gpu_tok_s") is None:  # nothing arrives
+        return f"lower bound: {record['gpus']} GPU(s): no traffic arrives"
     line = (f"lower bound: {record['gpus']} GPU(s): {record['arriving_tok_s']:,.0f} tok/s arriving over "
             f"{record['gpu_tok_s']:,.0f} tok/s, the most one GPU serves within the SLO in the twin without a margin "
             f"(one rank-{record['rank']} adapter at the mean request)")

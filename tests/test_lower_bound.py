@@ -13,10 +13,11 @@ from click.testing import CliRunner
 from models.scenario import GpuScenario
 from models.twin_predictor import TwinPredictor
 from planner.cli import main
-from planner.lower_bound import BOUND_RUN, best_gpu_tok_s, lower_bound
+from planner.lower_bound import BOUND_RUN, best_gpu_tok_s, bound_words, lower_bound
 from planner.packing import PackRequest
 from planner.verdict import ServiceBar, twin_check
 from twin import load_profile
+from twin.atomic import json_safe
 from twin.workload import Adapter, Workload
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,6 +60,9 @@ def test_gpus_are_the_arriving_tokens_over_one_gpus_best_rounded_up():
 def test_a_workload_with_no_traffic_is_bounded_by_one_gpu():
     bound = lower_bound(_request([Adapter("idle", 8, 0.0, 100.0, 100.0)]), ServiceBar())()
     assert bound.gpus == 1 and bound.arriving_tok_s == 0.0
+    record = json_safe(bound.to_dict())  # as a placement file holds it
+    assert record["gpu_tok_s"] is None
+    assert bound_words(record, 1) == "lower bound: 1 GPU(s): no traffic arrives"
 
 
 def test_plan_prints_and_records_the_bound_and_no_plan_goes_below_it(tmp_path):
