@@ -58,18 +58,15 @@ def lower_bound(req: PackRequest, bar: ServiceBar, jobs: int = 1) -> Callable[[]
     """The bound for ``req``'s workload (its planned rates, lengths and policy) under ``bar``'s SLO, as a call
     that returns it: with ``jobs`` > 1 it is worked out in the twin's worker pool meanwhile, beside the packing."""
     arriving = float(req.arriving_tok_s.sum())
-    weights = req.rates_rps if req.rates_rps.sum() > 0 else None
-    mean_in = float(np.average(req.input_tokens, weights=weights)) if len(req.workload) else 0.0
-    mean_out = float(np.average(req.output_tokens, weights=weights)) if len(req.workload) else 0.0
-    rank = int(req.ranks.min()) if len(req.workload) else 0
+    mean_in, mean_out = req.mean_request
+    rank = int(req.ranks.min())
+    if arriving <= 0:
+        return lambda: LowerBound(1, arriving, math.inf, rank, mean_in, mean_out)
 
     def bound(capacity: float) -> LowerBound:
-        gpus = (int(len(req.workload) > 0) if arriving <= 0 else
-                max(1, math.ceil(arriving / capacity)) if capacity > 0 else 1)
+        gpus = max(1, math.ceil(arriving / capacity)) if capacity > 0 else 1
         return LowerBound(gpus, arriving, capacity, rank, mean_in, mean_out)
 
-    if arriving <= 0:
-        return lambda: bound(math.inf)
     args = (req.profile, req.policy, replace(bar, slowdown=1.0), rank, mean_in, mean_out)
     if jobs <= 1:
         return lambda: bound(best_gpu_tok_s(*args))

@@ -100,6 +100,14 @@ class PackRequest:
         return (1.0 + self.margin) * size_scale(cs2, one, self.size_margin)
 
     @cached_property
+    def mean_request(self) -> tuple[float, float]:
+        """Mean prompt and output tokens of a request, weighted by the adapters' rates (by adapter when none
+        has traffic)."""
+        weights = self.rates_rps if self.rates_rps.sum() > 0 else None
+        return (float(np.average(self.input_tokens, weights=weights)),
+                float(np.average(self.output_tokens, weights=weights)))
+
+    @cached_property
     def kv(self) -> KVCapacity | UnifiedPool:
         """Which A_max start and with how many KV tokens, under the request's policy."""
         return kv_capacity(self.profile, self.policy)

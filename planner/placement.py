@@ -17,8 +17,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from planner.input_files import read_capped
 from planner.packing import GpuGroup, PackRequest, group_scenario
 from planner.workload_csv import printable
@@ -200,13 +198,13 @@ def plan_inputs(workload_path, req: PackRequest, algorithm: str, headroom: float
     """The ``inputs`` section; ``policy`` (name and non-preset params) only for a non-stock serving policy."""
     pred = req.predictor
     policy = policy_record(req.policy)
-    weights = req.rates_rps if req.rates_rps.sum() > 0 else None
+    mean_in, mean_out = req.mean_request
     return {
         "workload": {"path": str(workload_path), "sha256": file_sha256(workload_path),
                      "adapters": len(req.workload)},
         "lengths": {  # what the plan assumed of request lengths
-            "mean_input_tokens": round(float(np.average(req.input_tokens, weights=weights)), 1),
-            "mean_output_tokens": round(float(np.average(req.output_tokens, weights=weights)), 1),
+            "mean_input_tokens": round(mean_in, 1),
+            "mean_output_tokens": round(mean_out, 1),
             "adapters_with_own_lengths": sum(a.input_tokens is not None or a.output_tokens is not None
                                              for a in req.workload.adapters),
             "length_cv": req.profile.default_length_cv,

@@ -124,16 +124,16 @@ def main() -> None:
     rules: dict[str, dict] = {}
     for k, f in enumerate(FACTORS):
         rules[f"flat-{f:g}"] = {**score(twin_ok[:, k], real_ok), "margin_by_run": f}
-    for name in ("by-adapters-verdict", "by-adapters-tpot"):
+    fitters = {"by-adapters-verdict": lambda held: fit_verdict(adapters[held], need[held], base),
+               "by-adapters-tpot": lambda held: fit_tpot(adapters[held], ratio[held], usable[held], base)}
+    for name, fitted_to in fitters.items():
         chosen = np.empty(len(runs), int)
         for g in np.unique(groups):
             out = groups == g
-            fit = (fit_verdict(adapters[~out], need[~out], base) if name == "by-adapters-verdict"
-                   else fit_tpot(adapters[~out], ratio[~out], usable[~out], base))
+            fit = fitted_to(~out)
             chosen[out] = [fit(int(a)) for a in adapters[out]]
         decided = twin_ok[np.arange(len(runs)), chosen]
-        full = (fit_verdict(adapters, need, base) if name == "by-adapters-verdict"
-                else fit_tpot(adapters, ratio, usable, base))
+        full = fitted_to(np.ones(len(runs), bool))
         rules[name] = {**score(decided, real_ok),
                        "dangerous_runs": [f"{runs[i]['scenario']} A={adapters[i]} A_max={runs[i]['A_max']} at "
                                           f"{FACTORS[chosen[i]]:g}" for i in np.flatnonzero(decided & ~real_ok)],
