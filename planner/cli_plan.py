@@ -68,6 +68,9 @@ def load_predictor_for(profile, kind: str, policy=None):
 @click.command(epilog=PLAN_EPILOG)
 @click.argument("workload", type=click.Path(dir_okay=False))
 @click.option("--profile", "profile_id", default=None, help="Profile id or JSON path [default profile].")
+@click.option("--pool", "pool_file", type=click.Path(dir_okay=False), default=None,
+              help="A pool of GPU kinds (YAML: each a profile, a price per hour and an optional count; see "
+                   "docs/planning.md): plan the cheapest fleet over them instead of the fewest GPUs of --profile.")
 @click.option("--gpus", type=click.IntRange(min=1), default=None,
               help="GPUs available. Packing algorithms use as few as they can and fail (exit 3) past this; "
                    "random/dlora/latency spread over exactly this many.")
@@ -95,7 +98,7 @@ def load_predictor_for(profile, kind: str, policy=None):
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Write a PNG of each GPU's load, served share and p99 TTFT against the SLO (needs matplotlib).")
 @user_errors
-def plan(workload, profile_id, gpus, algorithm, predictor_kind, policy, policy_params, headroom, input_tokens,
+def plan(workload, profile_id, pool_file, gpus, algorithm, predictor_kind, policy, policy_params, headroom, input_tokens,
          output_tokens, split_hot, balance, confirm, objective, max_ttft, max_tpot, min_served, slowdown, tail_factor, size_margin,
          jobs, seed, out, fmt, as_json, model, adapter_dir, port_base, image, manifest_name, plot) -> None:
     """Plan the fewest GPUs that serve WORKLOAD, which adapter goes where, and each GPU's --max-loras.
@@ -117,14 +120,17 @@ def plan(workload, profile_id, gpus, algorithm, predictor_kind, policy, policy_p
     for path, option in ((out, "--out"), (plot, "--plot")):
         if path:
             check_writable(path, option)
-    profile = load_profile(profile_id or DEFAULT_PROFILE_ID)
-    launch_model("json" if as_json else fmt, model, profile.model)  # refused before any work
-    wl = read_workload(workload, profile)
-    predictor = load_predictor_for(profile, predictor_kind, policy_from_cli(policy, policy_params))
     opts = PlanOptions(algorithm=algorithm, gpus=gpus, headroom=headroom, seed=seed, input_tokens=input_tokens,
                        output_tokens=output_tokens, split_hot=split_hot, balance=balance, confirm=confirm,
                        jobs=jobs_or_cores(jobs), tail_factor=tail_setting(tail_factor), size_scaled=size_margin,
                        **slo_settings(objective, max_ttft, max_tpot, min_served, slowdown))
+    if pool_file is not None:
+        return plan_on_pool(workload, pool_file, profile_id, gpus, predictor_kind, policy, opts, out, fmt, as_json,
+                            model, adapter_dir, port_base, image, manifest_name, plot)
+    profile = load_profile(profile_id or DEFAULT_PROFILE_ID)
+    launch_model("json" if as_json else fmt, model, profile.model)  # refused before any work
+    wl = read_workload(workload, profile)
+    predictor = load_predictor_for(profile, predictor_kind, policy_from_cli(policy, policy_params))
     t0 = time.perf_counter()
     try:
         placement = make_plan(workload, wl, profile, predictor, opts, progress=say)
@@ -133,6 +139,43 @@ def plan(workload, profile_id, gpus, algorithm, predictor_kind, policy, policy_p
             raise
         raise InfeasibleError(f"{exc}; {gpus_needed(workload, wl, profile, predictor, opts)}") from None
     placement.inputs["plan_wall_s"] = round(time.perf_counter() - t0, 6)
+    show_plan(placement, profile, out, fmt, as_json, model, adapter_dir, port_base, image, manifest_name, plot,
+              lambda: gpus_needed(workload, wl, profile, predictor, opts) if gpus is not None else "")
+
+
+def plan_on_pool(workload, pool_file, profile_id, gpus, predictor_kind, policy, opts, out, fmt, as_json, model,
+                 adapter_dir, port_base, image, manifest_name, plot) -> None:
+    """`planner plan --pool`: the cheapest fleet over the pool's kinds (planner.pool_plan)."""
+    from planner.pool import read_pool
+    from planner.pool_plan import make_pool_plan
+    from planner.workload_csv import read_workload
+    from twin import BadInputError
+
+    clash = [o for o, v in (("--profile", profile_id), ("--gpus", gpus), ("--policy", policy != "vllm" or None))
+             if v is not None]
+    if clash:
+        raise BadInputError(f"--pool names the kinds, their profiles and counts: drop {', '.join(clash)} "
+                            "(stock vLLM serves every kind of a pool plan)")
+    pool = read_pool(pool_file)
+    profile = pool.reference.profile
+    launch_model("json" if as_json else fmt, model, profile.model)  # refused before any work
+    wl = read_workload(workload)  # each kind serves the adapters its profile can
+    t0 = time.perf_counter()
+    placement = make_pool_plan(workload, wl, pool, lambda p: load_predictor_for(p, predictor_kind), opts,
+                               progress=say)
+    placement.inputs["plan_wall_s"] = round(time.perf_counter() - t0, 6)
+    show_plan(placement, profile, out, fmt, as_json, model, adapter_dir, port_base, image, manifest_name, plot,
+              lambda: "")
+
+
+def show_plan(placement, profile, out, fmt, as_json, model, adapter_dir, port_base, image, manifest_name, plot,
+              needed) -> None:
+    """Render a new plan, write it (only when every GPU passes) and its plot; exit 3 when a GPU fails
+    (``needed()``: what would pass, in words, or empty)."""
+    from planner.cli_common import placement_view
+    from twin import InfeasibleError
+    from twin.atomic import write_json_atomic
+
     s = placement.summary()
     view = placement_view(placement, profile, fmt, as_json, model, port_base, adapter_dir, image, manifest_name)
     if out and s["all_ok"]:
@@ -145,9 +188,9 @@ def plan(workload, profile_id, gpus, algorithm, predictor_kind, policy, policy_p
     if out and s["all_ok"] and fmt == "table" and not as_json:
         click.echo(f"placement written to {out}")
     if not s["all_ok"]:
-        needed = "" if gpus is None else f"; {gpus_needed(workload, wl, profile, predictor, opts)}"
-        raise InfeasibleError(f"the {algorithm} plan has {s['failing']} GPU(s) that fail "
-                              f"({s['memory_errors']} would not start); no placement written{needed}")
+        more = needed()
+        raise InfeasibleError(f"the {placement.inputs['algorithm']} plan has {s['failing']} GPU(s) that fail "
+                              f"({s['memory_errors']} would not start); no placement written{'; ' + more if more else ''}")
 
 
 def gpus_needed(workload, wl, profile, predictor, opts) -> str:

@@ -61,9 +61,10 @@ class PackRequest:
     @classmethod
     def build(cls, workload: Workload, profile: Profile, predictor: Predictor, max_gpus: int,
               headroom: float = 0.0, input_tokens: float | None = None, output_tokens: float | None = None,
-              seed: int = 0) -> PackRequest:
+              seed: int = 0, lengths: tuple[np.ndarray, np.ndarray] | None = None) -> PackRequest:
+        """``lengths``: each adapter's mean prompt and output tokens, as given (default: :func:`mean_lengths`)."""
         ads = workload.adapters
-        ins, outs = mean_lengths(workload, profile, input_tokens, output_tokens)
+        ins, outs = lengths or mean_lengths(workload, profile, input_tokens, output_tokens)
         return cls(
             workload=workload, profile=profile, predictor=predictor, max_gpus=max_gpus,
             ranks=workload.ranks,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,7 @@ class InstancePlan:
     #: The twin's verdict (planner.verdict.TwinCheck.row) where the plan was judged in the twin; its figures
     #: are then the predictions above. None: predicted by the plan's predictor alone (--no-confirm).
     twin: dict[str, Any] | None = None
+    kind: str | None = None  # the pool kind it runs on (inputs.pool.kinds); None: a plan of one profile
 
     @property
     def memory_ok(self) -> bool:
@@ -74,18 +75,42 @@ class Placement:
                 out[aid].append({"instance_id": inst.instance_id, "weight": round(share, SHARE_DECIMALS)})
         return out
 
+    def kinds(self) -> dict[str, dict[str, Any]]:
+        """A pool plan's kinds by name (``inputs.pool.kinds``); empty for a plan of one profile."""
+        return {k["name"]: k for k in self.inputs.get("pool", {}).get("kinds", [])}
+
     def engine_args(self, inst: InstancePlan) -> dict[str, Any]:
-        """The instance's vLLM engine arguments, in vLLM's own names."""
+        """The instance's vLLM engine arguments, in vLLM's own names (its kind's engine in a pool plan)."""
+        engine = self.engine if inst.kind is None else self.kinds()[inst.kind]["engine"]
         return {
             "enable_lora": True, "max_loras": inst.a_max, "max_lora_rank": inst.max_lora_rank,
-            "max_cpu_loras": inst.max_cpu_loras, **self.engine,
+            "max_cpu_loras": inst.max_cpu_loras, **engine,
         }
+
+    def by_kind(self) -> list[tuple[dict[str, Any], Placement]]:
+        """A pool plan as one plan of one profile per kind it uses: (the kind's record, its instances with the
+        adapters routed to them, that kind's profile, engine and confirmation). Empty for a plan of one profile."""
+        parts = []
+        for name, kind in self.kinds().items():
+            insts = [replace(i, kind=None) for i in self.instances if i.kind == name]
+            if not insts:
+                continue
+            placed = {a for i in insts for a in i.adapters}
+            inputs = {k: v for k, v in self.inputs.items() if k not in ("pool", "confirmation", "lower_bound")}
+            inputs["profile_id"] = kind["profile_id"]
+            if kind.get("confirmation") is not None:
+                inputs["confirmation"] = kind["confirmation"]
+            parts.append((kind, Placement(inputs, insts, [a for a in self.adapters if a["adapter_id"] in placed],
+                                          dict(kind["engine"]))))
+        return parts
 
     def to_dict(self) -> dict[str, Any]:
         routes = self.routes()
         instances = []
         for inst in self.instances:
             d = {f.name: getattr(inst, f.name) for f in fields(inst)}  # shallow: json_safe copies the rest
+            if inst.kind is None:
+                del d["kind"]
             d["adapters"] = [{"adapter_id": a, "share": round(s, SHARE_DECIMALS)} for a, s in inst.adapters.items()]
             d["memory_ok"] = inst.memory_ok
             d["engine_args"] = self.engine_args(inst)
@@ -109,6 +134,11 @@ class Placement:
         the plan's predictor's."""
         pred = [i.predicted_throughput_tok_s for i in self.instances]
         judged = [i for i in self.instances if i.twin is not None]
+        kinds = self.kinds()
+        pool = {} if not kinds else {
+            "gpus_by_kind": {k: sum(i.kind == k for i in self.instances) for k in kinds},
+            "cost_per_hour": round(sum(kinds[i.kind]["price_per_hour"] for i in self.instances), 6),
+        }
         return {
             "gpus": len(self.instances),
             "adapters": len(self.adapters),
@@ -121,6 +151,7 @@ class Placement:
             "predicted_starving": sum(bool(i.predicted_starved) for i in self.instances),
             "failing": sum(not i.ok for i in self.instances),
             "all_ok": all(i.ok for i in self.instances),
+            **pool,
         }
 
 
@@ -237,7 +268,8 @@ def read_placement(path: str | os.PathLike) -> Placement:
                      max_cpu_loras=i.max_cpu_loras, kv_tokens=i.kv_tokens,
                      adapters={a.adapter_id: a.share for a in i.adapters},
                      predicted_throughput_tok_s=i.predicted_throughput_tok_s, arriving_tok_s=i.arriving_tok_s,
-                     predicted_starved=i.predicted_starved, twin=None if i.twin is None else i.twin.model_dump())
+                     predicted_starved=i.predicted_starved, twin=None if i.twin is None else i.twin.model_dump(),
+                     kind=i.kind)
         for i in doc.instances
     ]
     adapters = [a.model_dump() for a in doc.adapters]

@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
+from planner.pool import KindName, LabelKey, LabelValue, ResourceName
 from planner.workload_csv import adapter_id_problem, printable
 from twin.errors import BadInputError, WorkloadError
 from twin.policies.spec import PRESETS, PolicySpec, policy_from_record
@@ -27,6 +28,7 @@ Finite = Annotated[float, Field(allow_inf_nan=False)]
 NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 #: An instance id: what `planner render` writes into a shell comment and a router uses as a key.
 InstanceId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
+ProfileId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
 #: The adapter-id grammar of planner.workload_csv (checked in full by a validator: it needs look-aheads).
 AdapterId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@+/-]{0,255}$")]
 
@@ -83,6 +85,7 @@ class Instance(_Closed):
     arriving_tok_s: NonNegative
     predicted_starved: bool | None
     twin: TwinFigures | None = None
+    kind: KindName | None = None  # a pool plan's: the kind it runs on (inputs.pool.kinds)
 
     @model_validator(mode="after")
     def _unique_adapters(self) -> Instance:
@@ -189,17 +192,6 @@ class LowerBound(_Open):
     mean_output_tokens: NonNegative
 
 
-class Inputs(_Open):
-    workload: Workload
-    lengths: Lengths | None = None
-    profile_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
-    policy: Policy | None = None
-    predictor: Predictor
-    algorithm: str
-    confirmation: Confirmation | None = None
-    lower_bound: LowerBound | None = None
-
-
 #: The most tokens an engine setting names (vLLM's longest contexts are 10M tokens).
 MAX_TOKENS = 1 << 24
 
@@ -216,6 +208,48 @@ class Engine(_Strict):
     enable_chunked_prefill: bool
     enable_prefix_caching: bool
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
+
+
+class PoolKind(_Open):
+    """A GPU kind of a pool plan (planner.pool.Kind.record) with the engine settings its instances start with."""
+
+    name: KindName
+    profile_id: ProfileId
+    price_per_hour: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+    count: Annotated[int, Field(ge=1)] | None = None
+    node_selector: dict[LabelKey, LabelValue]
+    resource: ResourceName
+    engine: Engine
+    confirmation: Confirmation | None = None
+
+
+class SingleKind(_Open):
+    """What serving the whole workload on one kind costs (``gpus`` None: it cannot, ``why_not`` says why)."""
+
+    kind: KindName
+    gpus: Annotated[int, Field(ge=0)] | None
+    cost_per_hour: NonNegative | None
+    judged: bool  # judged in the twin (else packed only)
+    why_not: str | None = None
+
+
+class Pool(_Open):
+    """``inputs.pool`` of a plan made with ``--pool`` (planner.pool_plan)."""
+
+    kinds: Annotated[list[PoolKind], Field(min_length=1)]
+    single_kind: list[SingleKind] = []
+
+
+class Inputs(_Open):
+    workload: Workload
+    lengths: Lengths | None = None
+    profile_id: ProfileId
+    policy: Policy | None = None
+    predictor: Predictor
+    algorithm: str
+    confirmation: Confirmation | None = None
+    lower_bound: LowerBound | None = None
+    pool: Pool | None = None
 
 
 class Route(_Closed):
@@ -262,6 +296,12 @@ class PlacementFile(_Closed):
     @model_validator(mode="after")
     def _consistent(self) -> PlacementFile:
         ids = [i.instance_id for i in self.instances]
+        kinds = {k.name for k in self.inputs.pool.kinds} if self.inputs.pool is not None else set()
+        stray = next((i for i in self.instances if (i.kind is None) != (not kinds) or
+                      (i.kind is not None and i.kind not in kinds)), None)
+        if stray is not None:
+            raise ValueError(f"instance {stray.instance_id}: its kind {stray.kind} is not one of the pool's kinds "
+                             f"({', '.join(sorted(kinds)) or 'a plan of one profile has none'})")
         if len(set(ids)) != len(ids):
             raise ValueError(f"instance id {next(i for i in ids if ids.count(i) > 1)} appears twice")
         known = [a.adapter_id for a in self.adapters]

@@ -1,0 +1,124 @@
+"""The pool file (``planner plan --pool pool.yaml``): the GPU kinds a plan may use, each a profile, a price per
+hour and an optional count available, and how a kind's pods find their nodes.
+
+    kinds:
+      - name: h100-64gb              # [a-z0-9-], names the kind in the plan and its instance ids
+        profile: h100-64gb-llama-3.1-8b
+        price_per_hour: 2.10
+        count: 40                    # optional: at most this many GPUs of the kind
+        node_selector: {cloud.example.com/gpu: h100-mig-64gb}   # optional [lora-planner/gpu-kind: <name>]
+        resource: nvidia.com/gpu     # optional: the extended resource a pod of the kind asks one of
+      - name: h100-80gb
+        profile: h100-80gb-llama-3.1-8b
+        price_per_hour: 2.90
+
+The first kind is the reference: adapters without their own request lengths take its profile's default
+lengths on every kind, so all kinds are asked about the same requests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from typing import Annotated
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from planner.input_files import read_capped
+from twin.errors import BadInputError, printable
+from twin.profile import Profile, load_profile
+
+#: The largest pool file read.
+MAX_POOL_BYTES = 1 << 20
+
+KindName = Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$")]
+#: Kubernetes label keys and values (a prefix with a DNS subdomain, a name of 63 characters at most).
+LabelKey = Annotated[str, Field(pattern=r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}"
+                                        r"[A-Za-z0-9])?$")]
+LabelValue = Annotated[str, Field(pattern=r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")]
+#: A Kubernetes extended resource (``nvidia.com/gpu``, ``nvidia.com/mig-3g.40gb``).
+ResourceName = Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$")]
+#: The label a kind's pods select by default; label the nodes with it, or give ``node_selector``.
+KIND_LABEL = "lora-planner/gpu-kind"
+
+
+class GpuKind(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: KindName
+    profile: Annotated[str, Field(min_length=1, max_length=4096)]
+    price_per_hour: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)]
+    count: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
+    node_selector: dict[LabelKey, LabelValue] | None = None
+    resource: ResourceName = "nvidia.com/gpu"
+
+    def selector(self) -> dict[str, str]:
+        return dict(self.node_selector) if self.node_selector is not None else {KIND_LABEL: self.name}
+
+
+class PoolFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kinds: Annotated[list[GpuKind], Field(min_length=1, max_length=16)]
+
+    @field_validator("kinds")
+    @classmethod
+    def _unique(cls, kinds: list[GpuKind]) -> list[GpuKind]:
+        names = [k.name for k in kinds]
+        dup = next((n for n in names if names.count(n) > 1), None)
+        if dup is not None:
+            raise ValueError(f"kind '{dup}' appears twice")
+        return kinds
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A kind of the pool with its profile loaded."""
+
+    spec: GpuKind
+    profile: Profile
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def price(self) -> float:
+        return self.spec.price_per_hour
+
+
+@dataclass(frozen=True)
+class Pool:
+    path: str
+    sha256: str
+    kinds: tuple[Kind, ...]
+
+    @property
+    def reference(self) -> Kind:
+        return self.kinds[0]
+
+
+
+def read_pool(path: str | os.PathLike) -> Pool:
+    """The pool file at ``path``, checked, with every kind's profile loaded (BadInputError naming the field)."""
+    where = printable(str(path))
+    raw = read_capped(path, MAX_POOL_BYTES, "the pool file")
+    try:
+        doc = yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        raise BadInputError(printable(f"{where}: not YAML: {exc}".splitlines()[0])) from None
+    try:
+        spec = PoolFile.model_validate(doc)
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        loc = ".".join(str(p) for p in err["loc"]) or "(the document)"
+        raise BadInputError(printable(f"{where}: not a valid pool: {loc}: {err['msg']}")) from None
+    kinds = []
+    for k in spec.kinds:
+        try:
+            kinds.append(Kind(k, load_profile(k.profile)))
+        except BadInputError as exc:
+            raise BadInputError(f"{where}: kind {k.name}: {exc}") from None
+    return Pool(str(path), hashlib.sha256(raw).hexdigest(), tuple(kinds))

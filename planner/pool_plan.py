@@ -1,0 +1,267 @@
+"""Plan over a pool of GPU kinds: the cheapest fleet, per hour, where every GPU passes on its own kind's profile.
+
+How (``make_pool_plan``):
+
+1. Every kind packs the adapters it can serve (their rank within its profile, their requests within its
+   context), as the greedy packer does without the twin (fast with a surrogate; the twin packs a kind without
+   one). Each of its GPUs' price is shared among the GPU's adapters, half by their tokens and half evenly,
+   so a busy adapter pays for the throughput it takes and an idle one for the slot it holds: the price of an
+   adapter on that kind.
+2. Each adapter goes to the kind where that price is lowest; a kind over its ``count`` gives up the adapters
+   it is least ahead on until its packing fits. Every kind packs its share again, and that mix is set
+   against each single kind's packing of the whole workload; the cheapest goes on.
+3. The chosen kinds' shares are packed and confirmed as ``planner plan`` confirms a plan: every GPU judged in
+   the twin on its kind's profile and margin, repacked until all pass. Where a mix judged costs more than
+   the best single kind was packed for, that single kind is judged too and the cheaper plan kept.
+
+Request lengths come from the pool's first kind for adapters without their own, so every kind is asked about
+the same requests; a single-kind plan to compare with is ``planner plan W.csv --profile P --input-tokens I
+--output-tokens O`` with the plan's recorded lengths.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from models.scenario import Predictor
+from planner.confirm import Confirmation, Progress
+from planner.packing import GpuGroup, PackRequest
+from planner.placement import Placement, adapter_rows, build_instances, engine_settings, plan_inputs
+from planner.plan import PlanOptions, pack_request, plan_groups, run_algorithm
+from planner.pool import Kind, Pool
+from twin.errors import BadInputError, InfeasibleError
+from twin.profile import Profile
+from twin.workload import Workload
+
+#: An adapter's share of its GPU's price: this part by its tokens, the rest evenly over the GPU's adapters.
+TOKEN_WEIGHT = 0.5
+#: Rounds of moving adapters off kinds packed past their count.
+COUNT_ROUNDS = 6
+
+
+@dataclass
+class KindPack:
+    """A kind's packing of some adapters (indices into the whole workload)."""
+
+    kind: Kind
+    members: np.ndarray
+    req: PackRequest
+    groups: list[GpuGroup]
+    confirmation: Confirmation | None = None
+
+    @property
+    def gpus(self) -> int:
+        return len(self.groups)
+
+    @property
+    def cost(self) -> float:
+        return self.gpus * self.kind.price
+
+
+@dataclass
+class PoolChoice:
+    """One way to serve the workload: a packing per kind used."""
+
+    packs: list[KindPack]
+    single: str | None  # the kind's name when one kind serves everything
+
+    @property
+    def cost(self) -> float:
+        return sum(p.cost for p in self.packs)
+
+    def over_count(self) -> list[KindPack]:
+        return [p for p in self.packs if p.kind.spec.count is not None and p.gpus > p.kind.spec.count]
+
+
+class PoolPlanner:
+    """The state of one pool plan: the workload, its lengths, each kind's predictor and options."""
+
+    def __init__(self, workload: Workload, pool: Pool, predictor_for: Callable[[Profile], Predictor],
+                 opts: PlanOptions, progress: Progress | None):
+        ref = pool.reference.profile
+        self.opts = replace(opts, input_tokens=opts.input_tokens or ref.default_input_tokens,
+                            output_tokens=opts.output_tokens or ref.default_output_tokens)
+        self.workload, self.pool, self.progress = workload, pool, progress
+        self.predictors = {k.name: predictor_for(k.profile) for k in pool.kinds}
+        ads = workload.adapters
+        self.ins = np.array([a.input_tokens or self.opts.input_tokens for a in ads], float)
+        self.outs = np.array([a.output_tokens or self.opts.output_tokens for a in ads], float)
+        self.servable = {k.name: self._servable(k.profile) for k in pool.kinds}
+        nobody = ~np.logical_or.reduce(list(self.servable.values()))
+        if nobody.any():
+            a = ads[int(np.flatnonzero(nobody)[0])]
+            raise BadInputError(f"adapter {a.adapter_id} (rank {a.rank}, requests of {self.ins[nobody][0]:g} + "
+                                f"{self.outs[nobody][0]:g} tokens) cannot be served by any kind of the pool "
+                                f"({', '.join(k.name for k in pool.kinds)}): add a kind whose profile serves it")
+        self._packed: dict[tuple[str, bytes], KindPack] = {}
+
+    def _servable(self, profile: Profile) -> np.ndarray:
+        ranks_ok = {r: profile.kv.rank_for(r) is not None for r in {a.rank for a in self.workload.adapters}}
+        return np.array([ranks_ok[a.rank] for a in self.workload.adapters]) & \
+            (self.ins + self.outs <= profile.engine.max_model_len)
+
+    def _say(self, message: str) -> None:
+        if self.progress:
+            self.progress(message)
+
+    def request(self, kind: Kind, members: np.ndarray) -> PackRequest:
+        sub = Workload(tuple(self.workload.adapters[i] for i in members))
+        return pack_request(sub, kind.profile, self.predictors[kind.name], self.opts)
+
+    def pack(self, kind: Kind, members: np.ndarray) -> KindPack:
+        """The kind's packing of ``members`` without the twin's verdict (cached: packings are deterministic)."""
+        key = (kind.name, members.tobytes())
+        if key not in self._packed:
+            req = self.request(kind, members)
+            self._packed[key] = KindPack(kind, members, req, run_algorithm(req, self.opts))
+        return self._packed[key]
+
+    def confirm(self, pack: KindPack) -> KindPack:
+        """The packing judged in the twin on its kind's profile (repacked until every GPU passes)."""
+        self._say(f"kind {pack.kind.name}: judging {len(pack.members):,} adapters on {pack.kind.profile.profile_id}")
+        groups, confirmation = plan_groups(pack.req, self.opts, self.progress)
+        return KindPack(pack.kind, pack.members, pack.req, groups, confirmation)
+
+    def adapter_prices(self, pack: KindPack) -> np.ndarray:
+        """Per workload adapter, its share of the price of the GPUs ``pack`` put it on (inf: not in it)."""
+        price = np.full(len(self.workload), np.inf)
+        price[pack.members] = 0.0
+        tok = pack.req.arriving_tok_s
+        for g in pack.groups:
+            idx = np.fromiter(g.shares, np.int64, len(g.shares))
+            share = np.fromiter(g.shares.values(), float, len(g.shares))
+            load = tok[idx] * share
+            total = load.sum()
+            part = TOKEN_WEIGHT * (load / total if total > 0 else 1.0 / len(idx)) + (1 - TOKEN_WEIGHT) / len(idx)
+            np.add.at(price, pack.members[idx], part * pack.kind.price)
+        return price
+
+    def mix(self, prices: np.ndarray) -> PoolChoice:
+        """Each adapter on its cheapest kind (``prices``: kinds x adapters), kinds over their count giving up
+        the adapters they are least ahead on, until every kind's packing fits."""
+        kinds = self.pool.kinds
+        order = np.argsort(prices, axis=0, kind="stable")
+        choice = order[0].copy()
+        for _ in range(COUNT_ROUNDS):
+            packs = [self.pack(k, np.flatnonzero(choice == j)) for j, k in enumerate(kinds) if (choice == j).any()]
+            over = PoolChoice(packs, None).over_count()
+            if not over:
+                return PoolChoice(packs, None)
+            for p in over:
+                j = kinds.index(p.kind)
+                alt = np.array([next((int(k) for k in order[:, i] if k != j and np.isfinite(prices[k, i])
+                                      and not _full(kinds[k], packs)), -1) for i in p.members])
+                regret = np.where(alt >= 0, prices[np.maximum(alt, 0), p.members] - prices[j, p.members], np.inf)
+                excess = 1.0 - p.kind.spec.count / p.gpus
+                movable = np.flatnonzero(np.isfinite(regret))
+                n = min(len(movable), max(1, int(np.ceil(excess * len(p.members) * 1.1))))
+                moved = movable[np.argsort(regret[movable], kind="stable")[:n]]
+                choice[p.members[moved]] = alt[moved]
+        packs = [self.pack(k, np.flatnonzero(choice == j)) for j, k in enumerate(kinds) if (choice == j).any()]
+        over = PoolChoice(packs, None).over_count()
+        if over:
+            raise InfeasibleError("the pool has too few GPUs for this workload: " + "; ".join(
+                f"kind {p.kind.name} needs {p.gpus}, its count is {p.kind.spec.count}" for p in over))
+        return PoolChoice(packs, None)
+
+
+def _full(kind: Kind, packs: list[KindPack]) -> bool:
+    return kind.spec.count is not None and any(p.kind is kind and p.gpus >= kind.spec.count for p in packs)
+
+
+@dataclass
+class PoolOutcome:
+    chosen: PoolChoice
+    singles: list[dict[str, Any]]  # per kind: what serving everything on it costs, or why it cannot
+
+
+def plan_pool(planner: PoolPlanner) -> PoolOutcome:
+    """Steps 1-3 of the module's docstring."""
+    kinds, n = planner.pool.kinds, len(planner.workload)
+    prices = np.full((len(kinds), n), np.inf)
+    singles: list[dict[str, Any]] = []
+    options: list[PoolChoice] = []
+    for j, k in enumerate(kinds):
+        members = np.flatnonzero(planner.servable[k.name])
+        planner._say(f"kind {k.name}: packing the {len(members):,} adapters it can serve"
+                     + ("" if planner.predictors[k.name].kind != "twin" else " with the twin (no surrogate ships)"))
+        pack = planner.pack(k, members)
+        prices[j] = planner.adapter_prices(pack)
+        row: dict[str, Any] = {"kind": k.name, "gpus": None, "cost_per_hour": None, "judged": False}
+        if len(members) < n:
+            row["why_not"] = f"cannot serve {n - len(members):,} of the adapters (rank or request length)"
+        elif k.spec.count is not None and pack.gpus > k.spec.count:
+            row.update(gpus=pack.gpus, cost_per_hour=pack.cost,
+                       why_not=f"needs {pack.gpus} GPUs, {k.spec.count} available")
+        else:
+            row.update(gpus=pack.gpus, cost_per_hour=pack.cost)
+            options.append(PoolChoice([pack], k.name))
+        singles.append(row)
+    try:
+        options.append(planner.mix(prices))
+    except InfeasibleError:
+        if not options:
+            raise
+    best = min(options, key=lambda c: (c.cost, c.single is None))
+    chosen = PoolChoice([planner.confirm(p) for p in best.packs], best.single)
+    _record_single(singles, chosen)
+    cheapest_single = min((c for c in options if c.single is not None), key=lambda c: c.cost, default=None)
+    if chosen.single is None and cheapest_single is not None and chosen.cost > cheapest_single.cost:
+        planner._say(f"the mix judged costs {chosen.cost:,.2f}/h, more than kind {cheapest_single.single} packed "
+                     f"({cheapest_single.cost:,.2f}/h): judging that kind alone too")
+        alone = PoolChoice([planner.confirm(cheapest_single.packs[0])], cheapest_single.single)
+        _record_single(singles, alone)
+        if alone.cost <= chosen.cost:
+            chosen = alone
+    over = chosen.over_count()
+    if over:
+        raise InfeasibleError("judged in the twin, the plan needs more GPUs than the pool has: " + "; ".join(
+            f"kind {p.kind.name} needs {p.gpus}, its count is {p.kind.spec.count}" for p in over))
+    return PoolOutcome(chosen, singles)
+
+
+def _record_single(singles: list[dict[str, Any]], choice: PoolChoice) -> None:
+    if choice.single is not None:
+        row = next(r for r in singles if r["kind"] == choice.single)
+        row.update(gpus=choice.packs[0].gpus, cost_per_hour=choice.cost, judged=True)
+
+
+def make_pool_plan(workload_path: str | os.PathLike, workload: Workload, pool: Pool,
+                   predictor_for: Callable[[Profile], Predictor], opts: PlanOptions,
+                   progress: Progress | None = None) -> Placement:
+    """The cheapest plan of ``workload`` over ``pool``'s kinds (InfeasibleError when the pool cannot hold it)."""
+    if opts.algorithm != "greedy" or not opts.confirm:
+        raise BadInputError("--pool plans with --algorithm greedy, every GPU judged in the twin "
+                            "(drop --algorithm / --no-confirm)")
+    planner = PoolPlanner(workload, pool, predictor_for, opts, progress)
+    outcome = plan_pool(planner)
+    ref = PackRequest.build(workload, pool.reference.profile, planner.predictors[pool.reference.name], 1,
+                            opts.headroom, seed=opts.seed, lengths=(planner.ins, planner.outs))
+    inputs = plan_inputs(workload_path, ref, "greedy", opts.headroom)
+    kind_records = {k.name: kind_record(k) for k in pool.kinds}
+    instances = []
+    for p in outcome.chosen.packs:
+        insts = build_instances(p.req, p.groups, twin=p.confirmation.rows)
+        for n, inst in enumerate(insts):
+            inst.instance_id, inst.kind = f"{p.kind.name}-gpu-{n}", p.kind.name
+        instances += insts
+        kind_records[p.kind.name]["confirmation"] = p.confirmation.to_dict()
+    first = outcome.chosen.packs[0]
+    inputs["profile_id"] = first.kind.profile.profile_id
+    inputs["confirmation"] = first.confirmation.to_dict()
+    inputs["pool"] = {"path": pool.path, "sha256": pool.sha256, "kinds": list(kind_records.values()),
+                      "single_kind": outcome.singles}
+    return Placement(inputs=inputs, instances=instances, adapters=adapter_rows(ref),
+                     engine=engine_settings(first.kind.profile))
+
+
+def kind_record(kind: Kind) -> dict[str, Any]:
+    """The kind as a plan records it (``inputs.pool.kinds``): its profile by id, and its engine settings."""
+    return {"name": kind.name, "profile_id": kind.profile.profile_id, "price_per_hour": kind.price,
+            "count": kind.spec.count, "node_selector": kind.spec.selector(), "resource": kind.spec.resource,
+            "engine": engine_settings(kind.profile)}
