@@ -115,7 +115,7 @@ def plan(workload, profile_id, pool_file, gpus, algorithm, predictor_kind, polic
     from planner.plan import PlanOptions, make_plan
     from planner.workload_csv import read_workload
     from twin import DEFAULT_PROFILE_ID, InfeasibleError, load_profile
-    from twin.atomic import check_writable, write_json_atomic
+    from twin.atomic import check_writable
 
     for path, option in ((out, "--out"), (plot, "--plot")):
         if path:
@@ -172,7 +172,6 @@ def show_plan(placement, profile, out, fmt, as_json, model, adapter_dir, port_ba
               needed) -> None:
     """Render a new plan, write it (only when every GPU passes) and its plot; exit 3 when a GPU fails
     (``needed()``: what would pass, in words, or empty)."""
-    from planner.cli_common import placement_view
     from twin import InfeasibleError
     from twin.atomic import write_json_atomic
 
