@@ -122,11 +122,13 @@ def judged(req: PackRequest, groups: list[GpuGroup], run: TwinRun, bar: ServiceB
 def pack_confirmed(req: PackRequest, split_hot: bool = True, balance: bool = True, run: TwinRun = DEFAULT_RUN,
                    bar: ServiceBar = DEFAULT_BAR, progress: Progress | None = None, entries: list[Entry] | None = None,
                    max_gpus: int | None = None,
-                   observe: Callable[[list[GpuGroup], TwinCheck], None] | None = None) -> tuple[list[GpuGroup], Confirmation]:
+                   observe: Callable[[list[GpuGroup], TwinCheck], None] | None = None,
+                   first: list[GpuGroup] | None = None) -> tuple[list[GpuGroup], Confirmation]:
     """Pack ``entries`` (default: every adapter) with :func:`plan_greedy` on at most ``max_gpus`` (default
     ``req.max_gpus``), keep the GPUs the twin passes (``bar``), and pack the adapters of the others again
     with a larger ``req.margin`` (after :data:`SURROGATE_ROUNDS`, with the twin as the predictor) until every
-    GPU passes. ``observe`` is shown each round's GPUs and the twin's verdict on them.
+    GPU passes. ``observe`` is shown each round's GPUs and the twin's verdict on them; ``first`` is the first
+    round's packing where the caller already made it (``plan_greedy`` of ``req``'s entries: judged all the same).
 
     Raises :class:`InfeasibleError` when a repacking needs more GPUs than allowed, or when
     :data:`MAX_ROUNDS` packings still leave a GPU short.
@@ -148,8 +150,8 @@ def pack_confirmed(req: PackRequest, split_hot: bool = True, balance: bool = Tru
         else:
             round_req = repacking(req, margin, bar)
         try:  # the twin's fallback packing is not rebalanced: refills ask the twin again, for a few GPUs
-            groups = plan_greedy(round_req, split_hot, balance and (own_twin or not by_twin), entries,
-                                 limit - len(confirmed))
+            groups = first if rounds == 1 and first is not None else plan_greedy(
+                round_req, split_hot, balance and (own_twin or not by_twin), entries, limit - len(confirmed))
         except InfeasibleError as exc:
             raise exc if rounds == 1 else _repack_failed(exc, repacked, round_req.margin) from None
         twin_packed += len(groups) if by_twin and not own_twin else 0

@@ -111,15 +111,16 @@ def run_algorithm(req: PackRequest, opts: PlanOptions) -> list[GpuGroup]:
     return _spec(opts.algorithm).run(req)
 
 
-def plan_groups(req: PackRequest, opts: PlanOptions,
-                progress: Progress | None = None) -> tuple[list[GpuGroup], Confirmation | None]:
+def plan_groups(req: PackRequest, opts: PlanOptions, progress: Progress | None = None,
+                first: list[GpuGroup] | None = None) -> tuple[list[GpuGroup], Confirmation | None]:
     """Run the algorithm; with ``opts.confirm`` judge every GPU in the twin (greedy repacks the ones that
-    fall short until all pass; the other algorithms are judged as they pack)."""
+    fall short until all pass, from ``first`` where its first packing was made already; the other algorithms
+    are judged as they pack)."""
     if not opts.confirm:
         return run_algorithm(req, opts), None
     bar = opts.bar(req.profile)
     if opts.algorithm == "greedy":
-        return pack_confirmed(req, opts.split_hot, opts.balance, opts.run, bar, progress)
+        return pack_confirmed(req, opts.split_hot, opts.balance, opts.run, bar, progress, first=first)
     groups = run_algorithm(req, opts)
     return groups, judged(req, groups, opts.run, bar, progress)
 

@@ -124,7 +124,7 @@ class PoolPlanner:
     def confirm(self, pack: KindPack) -> KindPack:
         """The packing judged in the twin on its kind's profile (repacked until every GPU passes)."""
         self._say(f"kind {pack.kind.name}: judging {len(pack.members):,} adapters on {pack.kind.profile.profile_id}")
-        groups, confirmation = plan_groups(pack.req, self.opts, self.progress)
+        groups, confirmation = plan_groups(pack.req, self.opts, self.progress, first=pack.groups)
         return KindPack(pack.kind, pack.members, pack.req, groups, confirmation)
 
     def adapter_prices(self, pack: KindPack) -> np.ndarray:
