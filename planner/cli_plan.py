@@ -361,26 +361,61 @@ def replan(workload, previous_file, out, profile_id, gpus, predictor_kind, headr
     real_out = check_writable(out, "--out")  # resolved once: the lock and the write are of one file
     with exclusive(real_out):
         previous = read_placement(previous_file)
-        profile = load_profile(profile_id or previous.inputs.get("profile_id"))
-        launch_model("json" if as_json else fmt, model, profile.model)  # refused before any work
-        wl = read_workload(workload, profile)
-        policy = policy_from_record(previous.inputs.get("policy"))
         objective_given = click.get_current_context().get_parameter_source("objective").name != "DEFAULT"
-        bar = plan_bar(previous, profile, objective if objective_given else None, min_served, max_ttft, max_tpot,
-                       slowdown)
-        opts = PlanOptions(gpus=gpus, headroom=headroom, confirm=confirm, jobs=jobs_or_cores(jobs),
-                           objective=bar.objective, max_ttft_s=bar.max_ttft_s, max_tpot_ms=bar.max_tpot_ms,
-                           min_served=bar.min_served, slowdown=bar.slowdown, tail_factor=tail_setting(tail_factor),
-                           size_scaled=size_margin)
-        req = pack_request(wl, profile, load_predictor_for(profile, predictor_kind, policy), opts)
-        budget = ChurnBudget.parse(max_moves, max_restarts, gpu_tolerance, len(wl))
-        placement = run_replan(previous, workload, req, split_hot=split_hot, confirm=confirm, run=opts.run, bar=bar,
-                               budget=budget, progress=say)
+
+        def bar_for(plan, profile):
+            return plan_bar(plan, profile, objective if objective_given else None, min_served, max_ttft, max_tpot,
+                            slowdown)
+
+        if previous.kinds():
+            placement = replan_on_pool(previous, workload, profile_id, gpus, predictor_kind, headroom, split_hot,
+                                       confirm, jobs, tail_factor, size_margin, bar_for, max_moves, max_restarts,
+                                       gpu_tolerance, fmt, as_json, model)
+            profile = load_profile(previous.inputs["profile_id"])
+        else:
+            profile = load_profile(profile_id or previous.inputs.get("profile_id"))
+            launch_model("json" if as_json else fmt, model, profile.model)  # refused before any work
+            wl = read_workload(workload, profile)
+            policy = policy_from_record(previous.inputs.get("policy"))
+            bar = bar_for(previous, profile)
+            opts = PlanOptions(gpus=gpus, headroom=headroom, confirm=confirm, jobs=jobs_or_cores(jobs),
+                               objective=bar.objective, max_ttft_s=bar.max_ttft_s, max_tpot_ms=bar.max_tpot_ms,
+                               min_served=bar.min_served, slowdown=bar.slowdown,
+                               tail_factor=tail_setting(tail_factor), size_scaled=size_margin)
+            req = pack_request(wl, profile, load_predictor_for(profile, predictor_kind, policy), opts)
+            budget = ChurnBudget.parse(max_moves, max_restarts, gpu_tolerance, len(wl))
+            placement = run_replan(previous, workload, req, split_hot=split_hot, confirm=confirm, run=opts.run,
+                                   bar=bar, budget=budget, progress=say)
         view = placement_view(placement, profile, fmt, as_json, model, port_base, adapter_dir, image, manifest_name)
         write_json_atomic(real_out, placement.to_dict(), one_per_line=True)
     click.echo(view)
     if fmt == "table" and not as_json:
         click.echo(f"written to {out}")
+
+
+def replan_on_pool(previous, workload, profile_id, gpus, predictor_kind, headroom, split_hot, confirm, jobs,
+                   tail_factor, size_margin, bar_for, max_moves, max_restarts, gpu_tolerance, fmt, as_json, model):
+    """`planner replan` of a pool plan: each kind re-planned on its own profile (planner.pool_replan)."""
+    from planner.plan import PlanOptions
+    from planner.pool_replan import recorded_pool, replan_pool
+    from planner.replan import ChurnBudget
+    from planner.workload_csv import read_workload
+    from twin import BadInputError
+
+    clash = [o for o, v in (("--profile", profile_id), ("--gpus", gpus)) if v is not None]
+    if clash:
+        raise BadInputError(f"the previous plan is a pool plan: its kinds name their profiles and counts; drop "
+                            f"{', '.join(clash)}")
+    pool = recorded_pool(previous)
+    launch_model("json" if as_json else fmt, model, pool.reference.profile.model)  # refused before any work
+    wl = read_workload(workload)
+    first = bar_for(previous, pool.reference.profile)  # the SLO every kind shares (each kind keeps its margin)
+    opts = PlanOptions(headroom=headroom, confirm=confirm, jobs=jobs_or_cores(jobs), objective=first.objective,
+                       max_ttft_s=first.max_ttft_s, max_tpot_ms=first.max_tpot_ms, min_served=first.min_served,
+                       tail_factor=tail_setting(tail_factor), size_scaled=size_margin)
+    budget = ChurnBudget.parse(max_moves, max_restarts, gpu_tolerance, len(wl))
+    return replan_pool(previous, workload, wl, opts, lambda p: load_predictor_for(p, predictor_kind), bar_for,
+                       split_hot, budget, progress=say)
 
 
 VERIFY_EPILOG = """\b

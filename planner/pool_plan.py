@@ -100,6 +100,13 @@ class PoolPlanner:
                                 f"({', '.join(k.name for k in pool.kinds)}): add a kind whose profile serves it")
         self._packed: dict[tuple[str, bytes], KindPack] = {}
 
+    def whole_request(self) -> PackRequest:
+        """Every adapter with the lengths every kind is asked about, on the reference kind (what the placement's
+        ``inputs`` and adapter rows record)."""
+        ref = self.pool.reference
+        return PackRequest.build(self.workload, ref.profile, self.predictors[ref.name], 1, self.opts.headroom,
+                                 seed=self.opts.seed, lengths=(self.ins, self.outs))
+
     def _servable(self, profile: Profile) -> np.ndarray:
         ranks_ok = {r: profile.kv.rank_for(r) is not None for r in {a.rank for a in self.workload.adapters}}
         return np.array([ranks_ok[a.rank] for a in self.workload.adapters]) & \
@@ -109,9 +116,10 @@ class PoolPlanner:
         if self.progress:
             self.progress(message)
 
-    def request(self, kind: Kind, members: np.ndarray) -> PackRequest:
+    def request(self, kind: Kind, members: np.ndarray, opts: PlanOptions | None = None) -> PackRequest:
+        """``members``' request on ``kind`` (``opts``: other options than the plan's, with its lengths)."""
         sub = Workload(tuple(self.workload.adapters[i] for i in members))
-        return pack_request(sub, kind.profile, self.predictors[kind.name], self.opts)
+        return pack_request(sub, kind.profile, self.predictors[kind.name], opts or self.opts)
 
     def pack(self, kind: Kind, members: np.ndarray) -> KindPack:
         """The kind's packing of ``members`` without the twin's verdict (cached: packings are deterministic)."""
@@ -240,24 +248,40 @@ def make_pool_plan(workload_path: str | os.PathLike, workload: Workload, pool: P
                             "(drop --algorithm / --no-confirm)")
     planner = PoolPlanner(workload, pool, predictor_for, opts, progress)
     outcome = plan_pool(planner)
-    ref = PackRequest.build(workload, pool.reference.profile, planner.predictors[pool.reference.name], 1,
-                            opts.headroom, seed=opts.seed, lengths=(planner.ins, planner.outs))
-    inputs = plan_inputs(workload_path, ref, "greedy", opts.headroom)
-    kind_records = {k.name: kind_record(k) for k in pool.kinds}
-    instances = []
+    parts = []
     for p in outcome.chosen.packs:
         insts = build_instances(p.req, p.groups, twin=p.confirmation.rows)
         for n, inst in enumerate(insts):
-            inst.instance_id, inst.kind = f"{p.kind.name}-gpu-{n}", p.kind.name
+            inst.instance_id = f"{instance_prefix(p.kind)}{n}"
+        parts.append((p.kind, insts, p.confirmation.to_dict()))
+    return pool_placement(workload_path, planner, parts, outcome.singles)
+
+
+def instance_prefix(kind: Kind) -> str:
+    return f"{kind.name}-gpu-"
+
+
+def pool_placement(workload_path, planner: PoolPlanner, parts: list[tuple[Kind, list, dict | None]],
+                   singles: list[dict[str, Any]]) -> Placement:
+    """A pool plan from each kind's instances and confirmation (the first kind's is ``inputs.confirmation``)."""
+    whole = planner.whole_request()
+    inputs = plan_inputs(workload_path, whole, "greedy", planner.opts.headroom)
+    records = {k.name: kind_record(k) for k in planner.pool.kinds}
+    instances = []
+    for kind, insts, confirmation in parts:
+        for inst in insts:
+            inst.kind = kind.name
         instances += insts
-        kind_records[p.kind.name]["confirmation"] = p.confirmation.to_dict()
-    first = outcome.chosen.packs[0]
-    inputs["profile_id"] = first.kind.profile.profile_id
-    inputs["confirmation"] = first.confirmation.to_dict()
-    inputs["pool"] = {"path": pool.path, "sha256": pool.sha256, "kinds": list(kind_records.values()),
-                      "single_kind": outcome.singles}
-    return Placement(inputs=inputs, instances=instances, adapters=adapter_rows(ref),
-                     engine=engine_settings(first.kind.profile))
+        if confirmation is not None:
+            records[kind.name]["confirmation"] = confirmation
+    first = parts[0][0] if parts else planner.pool.reference
+    inputs["profile_id"] = first.profile.profile_id
+    if parts and parts[0][2] is not None:
+        inputs["confirmation"] = parts[0][2]
+    inputs["pool"] = {"path": planner.pool.path, "sha256": planner.pool.sha256, "kinds": list(records.values()),
+                      "single_kind": singles}
+    return Placement(inputs=inputs, instances=instances, adapters=adapter_rows(whole),
+                     engine=engine_settings(first.profile))
 
 
 def kind_record(kind: Kind) -> dict[str, Any]:

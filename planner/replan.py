@@ -574,9 +574,9 @@ def materially_changed(before: dict[str, float], after: dict[str, float], thresh
 
 def replan(previous: Placement, workload_path, req: PackRequest, split_hot: bool = True, confirm: bool = False,
            run: TwinRun = DEFAULT_RUN, bar: ServiceBar = DEFAULT_BAR, budget: ChurnBudget = ChurnBudget(),
-           progress: Progress | None = None) -> Placement:
+           progress: Progress | None = None, id_prefix: str = "gpu-") -> Placement:
     """Re-plan ``req``'s workload from ``previous`` (module docstring); with ``confirm`` every GPU is judged in
-    the twin, else by the request's predictor."""
+    the twin, else by the request's predictor. New instances are named ``id_prefix`` and a number."""
     judge = _Judge(req, run, bar, confirm)
     bound = lower_bound(req, bar, run.jobs)  # beside the re-plan, in the twin's workers
     work = _Replan(previous, req, judge, budget, split_hot, progress)
@@ -602,7 +602,8 @@ def replan(previous: Placement, workload_path, req: PackRequest, split_hot: bool
     if len(work.slots) > req.max_gpus:
         raise InfeasibleError(f"the re-plan needs {len(work.slots)} GPUs, more than the "
                               f"{req.max_gpus} allowed by --gpus")
-    placement = _placement(previous, workload_path, req, work, len(fresh), bar if confirm else None, bound())
+    placement = _placement(previous, workload_path, req, work, len(fresh), bar if confirm else None, bound(),
+                           id_prefix)
     failing = [i.instance_id for i in placement.instances if not i.ok]
     if confirm and failing:  # every step above keeps only GPUs the twin passed: this is a bug's safety net
         raise InfeasibleError(f"the re-plan has {len(failing)} GPU(s) that fail in the twin "
@@ -611,7 +612,7 @@ def replan(previous: Placement, workload_path, req: PackRequest, split_hot: bool
 
 
 def _placement(previous: Placement, workload_path, req: PackRequest, work: _Replan, fresh_gpus: int,
-               bar: ServiceBar | None, bound: LowerBound) -> Placement:
+               bar: ServiceBar | None, bound: LowerBound, id_prefix: str) -> Placement:
     slots = sorted(work.slots, key=lambda s: s.prev is None)  # previous GPUs first
     instances = build_instances(req, [s.group for s in slots], twin=[s.row for s in slots] if bar is not None else None)
     for inst, s in zip(instances, slots):  # kept GPUs keep their ids and, without a restart, their engine
@@ -620,7 +621,7 @@ def _placement(previous: Placement, workload_path, req: PackRequest, work: _Repl
             inst.instance_id = s.prev.instance_id
     restarts_left = np.inf if work.budget.max_restarts is None else work.budget.max_restarts - work.restarts
     reused = _name_new_instances(previous, [i for i, s in zip(instances, slots) if s.prev is None], work.freed,
-                                 restarts_left, work.held_back)
+                                 restarts_left, work.held_back, id_prefix)
     instances.sort(key=lambda i: _instance_number(i.instance_id))
     inputs = plan_inputs(workload_path, req, "greedy", 0.0)
     if bar is not None:
@@ -640,7 +641,7 @@ def _placement(previous: Placement, workload_path, req: PackRequest, work: _Repl
 
 
 def _name_new_instances(previous: Placement, new: list[InstancePlan], free: list[InstancePlan],
-                        restarts_left: float, held_back: list[str]) -> dict[str, list[str]]:
+                        restarts_left: float, held_back: list[str], id_prefix: str) -> dict[str, list[str]]:
     """Name the new instances, reusing the GPUs of previous instances left with nothing: each such GPU takes
     the new group sharing most adapters with it, so it unloads and loads the fewest. A reuse that restarts
     the engine counts against ``restarts_left``; beyond it the GPU stops and the group starts on a new one
@@ -667,7 +668,7 @@ def _name_new_instances(previous: Placement, new: list[InstancePlan], free: list
             restarted[prev.instance_id] = why
     next_id = 1 + max((_instance_number(p.instance_id) for p in previous.instances), default=-1)
     for k, inst in enumerate(unnamed):
-        inst.instance_id = f"gpu-{next_id + k}"
+        inst.instance_id = f"{id_prefix}{next_id + k}"
     return restarted
 
 

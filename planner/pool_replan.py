@@ -1,0 +1,102 @@
+"""Re-plan a pool plan: each kind's GPUs re-planned as ``planner replan`` re-plans a plan of one profile.
+
+An adapter stays on the kind it is on (moving kinds would stop it on one set of hosts and start it on
+another); a new adapter, or one its kind can no longer serve, goes to the kind that serves the previous plan's
+tokens at the lowest price (price per hour of its GPUs over the tokens they serve), else to the cheapest kind
+that can serve it. The churn budget is spent kind by kind in the pool's order; ``--gpu-tolerance`` holds
+per kind. Which kinds to use is chosen again by a fresh ``planner plan --pool``, not by a re-plan.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import replace
+
+import numpy as np
+
+from models.scenario import Predictor
+from planner.confirm import Progress
+from planner.placement import Placement, engine_settings
+from planner.plan import UNLIMITED_GPUS, PlanOptions
+from planner.pool import GpuKind, Kind, Pool
+from planner.pool_plan import PoolPlanner, instance_prefix, pool_placement
+from planner.replan import ChurnBudget, changes, replan
+from planner.verdict import ServiceBar
+from twin.profile import Profile, load_profile
+from twin.workload import Workload
+
+
+def recorded_pool(previous: Placement) -> Pool:
+    """The pool a plan was made over, as it recorded it (kinds, profiles, prices, counts, node selectors)."""
+    kinds = tuple(Kind(GpuKind(name=k["name"], profile=k["profile_id"], price_per_hour=k["price_per_hour"],
+                               count=k.get("count"), node_selector=k["node_selector"], resource=k["resource"]),
+                       load_profile(k["profile_id"])) for k in previous.kinds().values())
+    pool = previous.inputs["pool"]
+    return Pool(str(pool.get("path", "")), str(pool.get("sha256", "")), kinds)
+
+
+def replan_pool(previous: Placement, workload_path, workload: Workload, opts: PlanOptions,
+                predictor_for: Callable[[Profile], Predictor], bar_for: Callable[[Placement, Profile], ServiceBar],
+                split_hot: bool, budget: ChurnBudget, progress: Progress | None = None) -> Placement:
+    """Re-plan ``previous`` (a pool plan) for ``workload``; ``bar_for(kind's part, profile)`` is the bar a kind's
+    GPUs are judged by (the part's recorded one, with the user's overrides)."""
+    pool = recorded_pool(previous)
+    planner = PoolPlanner(workload, pool, predictor_for, opts, progress)
+    parts = {kind["name"]: part for kind, part in previous.by_kind()}
+    kind_of = _kinds_tonight(previous, workload, pool, planner)
+    out_parts, restarts, reasons, held_back, fresh = [], {}, {}, [], 0
+    left = budget
+    for j, kind in enumerate(pool.kinds):
+        members = np.flatnonzero(kind_of == j)
+        if not len(members):
+            continue  # its GPUs, if any, are removed
+        part = parts.get(kind.name) or Placement({"profile_id": kind.profile.profile_id}, [], [],
+                                                 engine_settings(kind.profile))
+        bar = bar_for(part, kind.profile)
+        req = replace(planner.request(kind, members, replace(planner.opts, slowdown=bar.slowdown)),
+                      max_gpus=kind.spec.count or UNLIMITED_GPUS)
+        if progress:
+            progress(f"kind {kind.name}: re-planning {len(members):,} adapters on {len(part.instances)} GPU(s)")
+        new = replan(part, workload_path, req, split_hot=split_hot, confirm=opts.confirm, run=opts.run, bar=bar,
+                     budget=left, progress=progress, id_prefix=instance_prefix(kind))
+        ch = new.changes
+        restarts.update({i["instance_id"]: i["restart_because"] for i in ch["instances"] if i["restart"]})
+        reasons.update({m["adapter_id"]: m["reason"] for m in ch["moves"]})
+        held_back += ch.get("held_back", [])
+        fresh += ch.get("fresh_plan_gpus") or 0
+        left = _spent(left, len(ch["moved_adapters"]), len(ch["restarts"]))
+        out_parts.append((kind, new.instances, new.inputs.get("confirmation")))
+    placement = pool_placement(workload_path, planner, out_parts, [])
+    placement.changes = changes(previous, placement, restarts, reasons, fresh)
+    placement.changes["held_back"] = held_back
+    return placement
+
+
+def _kinds_tonight(previous: Placement, workload: Workload, pool: Pool, planner: PoolPlanner) -> np.ndarray:
+    """Per workload adapter, the index of the kind it is re-planned on (module docstring)."""
+    index = {k.name: j for j, k in enumerate(pool.kinds)}
+    was = {}
+    for inst in previous.instances:
+        for a in inst.adapters:
+            was.setdefault(a, index[inst.kind])
+    served = np.array([planner.servable[k.name] for k in pool.kinds])  # kinds x adapters
+    cost = [_price_per_token(previous, k) for k in pool.kinds]
+    order = sorted(range(len(pool.kinds)), key=lambda j: (cost[j], pool.kinds[j].price))
+    out = np.empty(len(workload), np.int64)
+    for i, a in enumerate(workload.adapters):
+        j = was.get(a.adapter_id)
+        out[i] = j if j is not None and served[j, i] else next(k for k in order if served[k, i])
+    return out
+
+
+def _price_per_token(previous: Placement, kind: Kind) -> float:
+    """The price per hour of the kind's GPUs in ``previous`` over the tokens/s they serve (inf: it served none)."""
+    insts = [i for i in previous.instances if i.kind == kind.name]
+    tok = sum(i.arriving_tok_s for i in insts)
+    return kind.price * len(insts) / tok if tok > 0 else math.inf
+
+
+def _spent(budget: ChurnBudget, moves: int, restarts: int) -> ChurnBudget:
+    return replace(budget, max_moves=None if budget.max_moves is None else max(0, budget.max_moves - moves),
+                   max_restarts=None if budget.max_restarts is None else max(0, budget.max_restarts - restarts))
