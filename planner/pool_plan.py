@@ -42,6 +42,8 @@ from twin.workload import Workload
 TOKEN_WEIGHT = 0.5
 #: Rounds of moving adapters off kinds packed past their count.
 COUNT_ROUNDS = 6
+#: Packings a kind may try while filling the room left on its GPUs (PoolPlanner.fill).
+FILL_PROBES = 8
 
 
 @dataclass
@@ -149,17 +151,18 @@ class PoolPlanner:
             np.add.at(price, pack.members[idx], part * pack.kind.price)
         return price
 
-    def mix(self, prices: np.ndarray) -> PoolChoice:
+    def mixes(self, prices: np.ndarray) -> list[PoolChoice]:
         """Each adapter on its cheapest kind (``prices``: kinds x adapters), kinds over their count giving up
-        the adapters they are least ahead on, until every kind's packing fits."""
+        the adapters they are least ahead on, until every kind's packing fits; and that mix with its kinds'
+        GPUs filled (:meth:`fill`) where that is cheaper."""
         kinds = self.pool.kinds
         order = np.argsort(prices, axis=0, kind="stable")
         choice = order[0].copy()
         for _ in range(COUNT_ROUNDS):
-            packs = [self.pack(k, np.flatnonzero(choice == j)) for j, k in enumerate(kinds) if (choice == j).any()]
+            packs = self._choice(choice).packs
             over = PoolChoice(packs, None).over_count()
             if not over:
-                return PoolChoice(packs, None)
+                break
             for p in over:
                 j = kinds.index(p.kind)
                 alt = np.array([next((int(k) for k in order[:, i] if k != j and np.isfinite(prices[k, i])
@@ -170,12 +173,42 @@ class PoolPlanner:
                 n = min(len(movable), max(1, int(np.ceil(excess * len(p.members) * 1.1))))
                 moved = movable[np.argsort(regret[movable], kind="stable")[:n]]
                 choice[p.members[moved]] = alt[moved]
-        packs = [self.pack(k, np.flatnonzero(choice == j)) for j, k in enumerate(kinds) if (choice == j).any()]
-        over = PoolChoice(packs, None).over_count()
+        over = self._choice(choice).over_count()
         if over:
             raise InfeasibleError("the pool has too few GPUs for this workload: " + "; ".join(
                 f"kind {p.kind.name} needs {p.gpus}, its count is {p.kind.spec.count}" for p in over))
-        return PoolChoice(packs, None)
+        filled = self.fill(choice, prices)
+        return [self._choice(choice)] + ([self._choice(filled)] if (filled != choice).any() else [])
+
+    def _choice(self, choice: np.ndarray) -> PoolChoice:
+        return PoolChoice([self.pack(k, np.flatnonzero(choice == j)) for j, k in enumerate(self.pool.kinds)
+                           if (choice == j).any()], None)
+
+    def fill(self, choice: np.ndarray, prices: np.ndarray) -> np.ndarray:
+        """``choice`` with each kind's GPUs filled: the room its GPUs have left is paid for, so it takes the
+        adapters of other kinds it is relatively cheapest for, as many as still fit on its GPUs (bisected in at
+        most :data:`FILL_PROBES` packings), where that makes the whole mix cheaper."""
+        for j, kind in enumerate(self.pool.kinds):
+            mine = choice == j
+            others = np.flatnonzero(~mine & self.servable[kind.name])
+            if not mine.any() or not len(others):
+                continue
+            gpus = self.pack(kind, np.flatnonzero(mine)).gpus
+            others = others[np.argsort(prices[j, others] / prices[choice[others], others], kind="stable")]
+            lo, hi = 0, len(others)
+            for _ in range(FILL_PROBES):
+                if lo >= hi:
+                    break
+                mid = (lo + hi + 1) // 2
+                if self.pack(kind, np.union1d(np.flatnonzero(mine), others[:mid])).gpus <= gpus:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            trial = choice.copy()
+            trial[others[:lo]] = j
+            if lo and self._choice(trial).cost < self._choice(choice).cost:
+                choice = trial
+        return choice
 
 
 def _full(kind: Kind, packs: list[KindPack]) -> bool:
@@ -211,26 +244,22 @@ def plan_pool(planner: PoolPlanner) -> PoolOutcome:
             options.append(PoolChoice([pack], k.name))
         singles.append(row)
     try:
-        options.append(planner.mix(prices))
+        options += planner.mixes(prices)
     except InfeasibleError:
         if not options:
             raise
-    best = min(options, key=lambda c: (c.cost, c.single is None))
-    chosen = PoolChoice([planner.confirm(p) for p in best.packs], best.single)
-    _record_single(singles, chosen)
-    cheapest_single = min((c for c in options if c.single is not None), key=lambda c: c.cost, default=None)
-    if chosen.single is None and cheapest_single is not None and chosen.cost > cheapest_single.cost:
-        planner._say(f"the mix judged costs {chosen.cost:,.2f}/h, more than kind {cheapest_single.single} packed "
-                     f"({cheapest_single.cost:,.2f}/h): judging that kind alone too")
-        alone = PoolChoice([planner.confirm(cheapest_single.packs[0])], cheapest_single.single)
-        _record_single(singles, alone)
-        if alone.cost <= chosen.cost:
-            chosen = alone
-    over = chosen.over_count()
-    if over:
-        raise InfeasibleError("judged in the twin, the plan needs more GPUs than the pool has: " + "; ".join(
-            f"kind {p.kind.name} needs {p.gpus}, its count is {p.kind.spec.count}" for p in over))
-    return PoolOutcome(chosen, singles)
+    best: PoolChoice | None = None
+    for option in sorted(options, key=lambda c: (c.cost, c.single is None)):
+        if best is not None and option.cost >= best.cost:
+            break  # judging only adds GPUs to a packing: none left can beat the best judged
+        judged = PoolChoice([planner.confirm(p) for p in option.packs], option.single)
+        _record_single(singles, judged)
+        if not judged.over_count() and (best is None or judged.cost < best.cost):
+            best = judged
+    if best is None:
+        raise InfeasibleError("judged in the twin, every way to serve the workload needs more GPUs of a kind than "
+                              "the pool's count allows")
+    return PoolOutcome(best, singles)
 
 
 def _record_single(singles: list[dict[str, Any]], choice: PoolChoice) -> None:

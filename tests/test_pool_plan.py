@@ -1,0 +1,167 @@
+"""`planner plan --pool` and `planner replan` of pool plans: the cheapest fleet over GPU kinds."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from planner.cli import main
+from planner.placement import read_placement
+from twin import load_profile
+
+WL = "datasets/workloads/mixed-ranks-128-adapters.csv"  # ranks 8, 16 and 32: the CPU profile serves 8 and 16
+H100, CPU = "h100-64gb-llama-3.1-8b", "cpu-2core-tiny-llama"
+
+
+def pool_yaml(path, cpu_price=0.01, h100_count=None, cpu_count=None) -> str:
+    kinds = [{"name": "h100-64gb", "profile": H100, "price_per_hour": 2.0, "count": h100_count},
+             {"name": "cpu", "profile": CPU, "price_per_hour": cpu_price, "count": cpu_count}]
+    lines = ["kinds:"]
+    for k in kinds:
+        lines.append(f"  - {{name: {k['name']}, profile: {k['profile']}, price_per_hour: {k['price_per_hour']}"
+                     + (f", count: {k['count']}" if k["count"] else "") + "}")
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def plan(*args):
+    return CliRunner().invoke(main, ["plan", *map(str, args)])
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pool")
+    res = plan(WL, "--pool", pool_yaml(d / "pool.yaml"), "--out", d / "plan.json")
+    assert res.exit_code == 0, res.output
+    return d, read_placement(d / "plan.json"), json.loads((d / "plan.json").read_text())
+
+
+def single_gpus(tmp_path, doc) -> int:
+    """GPUs of `planner plan --profile H100` asked about the pool plan's requests."""
+    ln = doc["inputs"]["lengths"]
+    res = plan(WL, "--profile", H100, "--input-tokens", ln["mean_input_tokens"], "--output-tokens",
+               ln["mean_output_tokens"], "--out", tmp_path / "single.json")
+    assert res.exit_code == 0, res.output
+    return json.loads((tmp_path / "single.json").read_text())["summary"]["gpus"]
+
+
+def test_a_mix_beats_the_one_kind_that_serves_everything_and_each_gpu_holds_on_its_own_kind(mixed, tmp_path):
+    d, p, doc = mixed
+    s = doc["summary"]
+    assert s["all_ok"] and set(s["gpus_by_kind"]) == {"h100-64gb", "cpu"} and min(s["gpus_by_kind"].values()) >= 1
+    assert s["cost_per_hour"] == pytest.approx(2.0 * s["gpus_by_kind"]["h100-64gb"] + 0.01 * s["gpus_by_kind"]["cpu"])
+    assert s["cost_per_hour"] < 2.0 * single_gpus(tmp_path, doc)
+    ranks = {a["adapter_id"]: a["rank"] for a in p.adapters}
+    profiles = {"h100-64gb": load_profile(H100), "cpu": load_profile(CPU)}
+    for inst in p.instances:
+        prof = profiles[inst.kind]
+        assert inst.instance_id.startswith(f"{inst.kind}-gpu-")
+        assert inst.kv_tokens == prof.kv.tokens_for(inst.a_max, inst.max_lora_rank)  # its own kind's memory
+        assert p.engine_args(inst)["max_model_len"] == prof.engine.max_model_len
+        assert inst.twin["meets"]
+        if inst.kind == "cpu":
+            assert max(ranks[a] for a in inst.adapters) <= 16
+    singles = {r["kind"]: r for r in doc["inputs"]["pool"]["single_kind"]}
+    assert singles["cpu"]["gpus"] is None and "cannot serve" in singles["cpu"]["why_not"]
+    assert singles["h100-64gb"]["cost_per_hour"] >= s["cost_per_hour"]
+    kinds = {k["name"]: k for k in doc["inputs"]["pool"]["kinds"]}
+    assert kinds["cpu"]["confirmation"]["slowdown"] == pytest.approx(profiles["cpu"].planning_slowdown())
+    assert kinds["h100-64gb"]["confirmation"]["slowdown"] == pytest.approx(profiles["h100-64gb"].planning_slowdown())
+
+
+def test_a_mix_dearer_than_one_kind_is_not_taken(tmp_path, mixed):
+    res = plan(WL, "--pool", pool_yaml(tmp_path / "pool.yaml", cpu_price=1.5), "--out", tmp_path / "plan.json")
+    assert res.exit_code == 0, res.output
+    doc = json.loads((tmp_path / "plan.json").read_text())
+    assert doc["summary"]["gpus_by_kind"] == {"h100-64gb": single_gpus(tmp_path, doc), "cpu": 0}
+
+
+def test_counts_are_honoured_and_a_pool_too_small_is_refused(tmp_path, mixed):
+    free = mixed[2]["summary"]
+    res = plan(WL, "--pool", pool_yaml(tmp_path / "pool.yaml", cpu_count=12), "--out", tmp_path / "plan.json")
+    assert res.exit_code == 0, res.output
+    capped = json.loads((tmp_path / "plan.json").read_text())["summary"]
+    assert free["gpus_by_kind"]["cpu"] > 12 >= capped["gpus_by_kind"]["cpu"] >= 1  # the cap moved adapters off
+    alone = next(r for r in mixed[2]["inputs"]["pool"]["single_kind"] if r["kind"] == "h100-64gb")
+    assert capped["cost_per_hour"] <= alone["cost_per_hour"]
+    res = plan(WL, "--pool", pool_yaml(tmp_path / "small.yaml", h100_count=1, cpu_count=1))
+    assert res.exit_code == 3 and "too few GPUs" in res.output and "its count is 1" in res.output
+
+
+@pytest.mark.parametrize("text, words", [
+    ("kinds: [", "not YAML"),
+    ("kinds: []", "kinds: List should have at least 1 item"),
+    (f"kinds: [{{name: a, profile: {H100}, price_per_hour: 1}}, {{name: a, profile: {CPU}, price_per_hour: 1}}]",
+     "kind 'a' appears twice"),
+    (f"kinds: [{{name: a, profile: {H100}, price_per_hour: -1}}]", "kinds.0.price_per_hour"),
+    (f"kinds: [{{name: A100, profile: {H100}, price_per_hour: 1}}]", "kinds.0.name"),
+    (f"kinds: [{{name: a, profile: {H100}, price_per_hour: 1, gpus: 3}}]", "kinds.0.gpus: Extra inputs"),
+    ("kinds: [{name: a, profile: no-such-profile, price_per_hour: 1}]", "kind a: unknown profile 'no-such-profile'"),
+    (f"kinds: [{{name: a, profile: {H100}, price_per_hour: 1, node_selector: {{'bad key!': x}}}}]",
+     "kinds.0.node_selector"),
+])
+def test_a_bad_pool_file_is_one_line_naming_the_field(tmp_path, text, words):
+    (tmp_path / "pool.yaml").write_text(text)
+    res = plan(WL, "--pool", tmp_path / "pool.yaml")
+    assert res.exit_code == 2 and words in res.output, res.output
+
+
+def test_pool_refuses_what_the_pool_decides_and_adapters_no_kind_serves(tmp_path):
+    pool = pool_yaml(tmp_path / "pool.yaml")
+    for extra in (["--profile", H100], ["--gpus", "4"], ["--algorithm", "maxbase"], ["--no-confirm"]):
+        res = plan(WL, "--pool", pool, *extra)
+        assert res.exit_code == 2, (extra, res.output)
+    (tmp_path / "cpu.yaml").write_text(f"kinds: [{{name: cpu, profile: {CPU}, price_per_hour: 1}}]")
+    res = plan(WL, "--pool", tmp_path / "cpu.yaml")
+    assert res.exit_code == 2 and "cannot be served by any kind of the pool (cpu)" in res.output
+
+
+def test_a_plan_of_one_profile_names_no_kind(tmp_path):
+    res = plan("datasets/workloads/small-8-adapters.csv", "--out", tmp_path / "plan.json")
+    assert res.exit_code == 0, res.output
+    doc = json.loads((tmp_path / "plan.json").read_text())
+    assert "pool" not in doc["inputs"] and "cost_per_hour" not in doc["summary"]
+    assert all("kind" not in i for i in doc["instances"])
+
+
+def test_an_instance_of_a_kind_the_pool_lacks_is_refused_on_read(mixed, tmp_path):
+    doc = json.loads(json.dumps(mixed[2]))
+    doc["instances"][0]["kind"] = "a100"
+    (tmp_path / "bad.json").write_text(json.dumps(doc))
+    res = CliRunner().invoke(main, ["render", str(tmp_path / "bad.json")])
+    assert res.exit_code == 2 and "its kind a100 is not one of the pool's kinds" in res.output
+
+
+def test_replan_of_the_same_workload_changes_nothing(mixed, tmp_path):
+    d, p, doc = mixed
+    res = CliRunner().invoke(main, ["replan", WL, "--previous", str(d / "plan.json"), "--out", str(tmp_path / "re.json")])
+    assert res.exit_code == 0, res.output
+    re = read_placement(tmp_path / "re.json")
+    assert [(i.instance_id, i.kind, i.a_max, i.adapters) for i in re.instances] == \
+        [(i.instance_id, i.kind, i.a_max, i.adapters) for i in p.instances]
+    assert not re.changes["moved_adapters"] and not re.changes["new_instances"] and not re.changes["restarts"]
+
+
+def test_replan_keeps_adapters_on_their_kind_and_places_new_ones(mixed, tmp_path):
+    d, p, doc = mixed
+    rows = list(csv.DictReader(open(WL)))
+    night = [{**r, "rate_rps": str(float(r["rate_rps"]) * (3.0 if k % 4 == 0 else 1.0))} for k, r in enumerate(rows[4:])]
+    night += [{**rows[0], "adapter_id": f"new-{k}", "rank": str([8, 16, 32][k % 3]), "rate_rps": "0.5"} for k in range(9)]
+    with open(tmp_path / "night.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(night)
+    res = CliRunner().invoke(main, ["replan", str(tmp_path / "night.csv"), "--previous", str(d / "plan.json"),
+                                    "--out", str(tmp_path / "re.json")])
+    assert res.exit_code == 0, res.output
+    re = read_placement(tmp_path / "re.json")
+    assert re.summary()["all_ok"] and set(re.changes["added_adapters"]) == {f"new-{k}" for k in range(9)}
+    assert set(re.changes["dropped_adapters"]) == {r["adapter_id"] for r in rows[:4]}
+    before = {a: i.kind for i in p.instances for a in i.adapters}
+    after = {a: i.kind for i in re.instances for a in i.adapters}
+    assert all(after[a] == k for a, k in before.items() if a in after)
+    assert all(after[f"new-{k}"] == "h100-64gb" for k in range(2, 9, 3))  # rank 32: the CPU kind cannot serve it
+    assert all(i.instance_id.startswith(f"{i.kind}-gpu-") for i in re.instances)
