@@ -14,6 +14,7 @@ import sys
 import click
 
 from planner.formats import FORMATS, launch_model, render
+from planner.manifests import FORMATS as MANIFEST_FORMATS
 from planner.verdict import TAIL_FACTOR
 from twin.atomic import json_safe
 from twin.errors import LoraPlannerError
@@ -163,10 +164,21 @@ def render_options(fn):
                              "ModelAdapters (aibrix).")(fn)
 
 
+def _vllm_image(profile) -> str:
+    return f"vllm/vllm-openai:v{profile.engine.version}"
+
+
 def placement_view(placement, profile, fmt: str, as_json: bool, model: str | None, port_base: int,
                    adapter_dir: str | None, image: str | None = None, manifest_name: str = "lora") -> str:
     """``placement`` as the :func:`render_options` ask; `plan` and `replan` render it before writing the plan, so
-    options it refuses (a --name, ports past 65535) leave no file behind."""
+    options it refuses (a --name, ports past 65535) leave no file behind. The manifests' image defaults to the
+    vLLM release of ``profile``, or in a pool plan of each kind's profile."""
+    from twin import load_profile
+
     fmt = "json" if as_json else fmt
-    image = image or f"vllm/vllm-openai:v{profile.engine.version}"
+    kinds = placement.kinds()
+    if image is None and kinds and fmt in MANIFEST_FORMATS:
+        image = {name: _vllm_image(load_profile(kinds[name]["profile_id"]))
+                 for name in {inst.kind for inst in placement.instances}}
+    image = image or _vllm_image(profile)
     return render(placement, fmt, launch_model(fmt, model, profile.model), port_base, adapter_dir, image, manifest_name)

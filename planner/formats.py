@@ -30,9 +30,10 @@ def launch_model(fmt: str, model: str | None, profile_model: dict) -> str | None
 
 
 def render(p: Placement, fmt: str, model: str, port_base: int = 8000, adapter_dir: str | None = None,
-           image: str | None = None, name: str = "lora") -> str:
+           image: str | dict[str, str] | None = None, name: str = "lora") -> str:
     """A placement as ``fmt``: the table (with a re-plan's changes), the placement JSON, vLLM commands, or
-    Kubernetes manifests (planner.manifests; ``adapter_dir`` then a path inside the container)."""
+    Kubernetes manifests (planner.manifests; ``adapter_dir`` then a path inside the container, ``image`` one or
+    one per pool kind)."""
     if fmt == "json":
         return json.dumps(p.to_dict(), indent=1, allow_nan=False)
     if fmt == "vllm":

@@ -14,6 +14,9 @@
   GPUs sharing a replicated adapter one label of its own). AIBrix names the served adapter after the
   object, so adapter ids must be Kubernetes names.
 
+In a pool plan each server's pod runs on its kind's nodes (``nodeSelector``: the kind's ``node_selector``) and
+asks one of the kind's ``resource``; a plan of one profile asks one ``nvidia.com/gpu`` wherever it lands.
+
 Every path a server reads lies on a volume its pod mounts read-only: the adapters on the ``lora-adapters``
 claim at ``adapter_dir``, one directory per adapter id (a workload ``path`` under ``adapter_dir`` is kept; any
 other, a host path, is not in the pod and becomes ``adapter_dir/<adapter_id>``, named in a comment atop the
@@ -36,6 +39,8 @@ from twin.errors import BadInputError
 
 FORMATS = ("k8s", "llm-d", "aibrix")
 PORT = 8000
+#: The resource a server of a plan of one profile asks for.
+GPU_RESOURCE = "nvidia.com/gpu"
 INSTANCE_LABEL = "lora-planner.io/instance"
 POOL_LABEL = "lora-planner.io/pool"
 ADAPTERS_CLAIM = "lora-adapters"
@@ -97,16 +102,19 @@ def _volumes(model: str, adapter_dir: str) -> tuple[list[dict], list[dict]]:
 
 
 def _server(p: Placement, inst: InstancePlan, name: str, image: str, model: str, paths: dict[str, str],
-            volumes: tuple[list[dict], list[dict]], labels: dict[str, str], runtime_loading: bool) -> list[dict]:
-    """The Deployment and Service of one planned GPU, its pod's ``volumes`` as :func:`_volumes` gives them."""
+            volumes: tuple[list[dict], list[dict]], labels: dict[str, str], runtime_loading: bool,
+            kind: dict | None) -> list[dict]:
+    """The Deployment and Service of one planned GPU, its pod's ``volumes`` as :func:`_volumes` gives them, on
+    the nodes of its pool ``kind`` (None: a plan of one profile)."""
     pod_volumes, mounts = volumes
+    resource = GPU_RESOURCE if kind is None else kind["resource"]
     argv = vllm_argv(p, inst, model, PORT, paths)
     if runtime_loading:  # AIBrix loads the adapters through vLLM's API
         argv = argv[:argv.index("--lora-modules")]
     container = {
         "name": "vllm", "image": image, "command": ["python3", *argv[1:3]], "args": argv[3:],
         "ports": [{"name": "http", "containerPort": PORT}],
-        "resources": {"limits": {"nvidia.com/gpu": "1"}, "requests": {"nvidia.com/gpu": "1"}},
+        "resources": {"limits": {resource: "1"}, "requests": {resource: "1"}},
         "readinessProbe": {"httpGet": {"path": "/health", "port": PORT}, "periodSeconds": 10},
         "startupProbe": {"httpGet": {"path": "/health", "port": PORT}, "periodSeconds": 10, "failureThreshold": 60},
         "volumeMounts": mounts,
@@ -114,12 +122,14 @@ def _server(p: Placement, inst: InstancePlan, name: str, image: str, model: str,
     if runtime_loading:
         container["env"] = [{"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "True"}]
     selector = {INSTANCE_LABEL: inst.instance_id, POOL_LABEL: labels[POOL_LABEL]}
+    pod = {"containers": [container], "volumes": pod_volumes}
+    if kind is not None:
+        pod["nodeSelector"] = dict(kind["node_selector"])
     deployment = {
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "labels": labels},
         "spec": {
             "replicas": 1, "selector": {"matchLabels": selector},
-            "template": {"metadata": {"labels": labels}, "spec": {
-                "containers": [container], "volumes": pod_volumes}},
+            "template": {"metadata": {"labels": labels}, "spec": pod},
         },
     }
     service = {
@@ -129,8 +139,10 @@ def _server(p: Placement, inst: InstancePlan, name: str, image: str, model: str,
     return [deployment, service]
 
 
-def manifests(p: Placement, fmt: str, image: str, model: str, adapter_dir: str, prefix: str = "lora") -> list[dict]:
-    """Every object of ``p`` in format ``fmt`` (module docstring)."""
+def manifests(p: Placement, fmt: str, image: str | dict[str, str], model: str, adapter_dir: str,
+              prefix: str = "lora") -> list[dict]:
+    """Every object of ``p`` in format ``fmt`` (module docstring); ``image``: every server's, or a pool plan's
+    per kind name."""
     if fmt not in FORMATS:
         raise BadInputError(f"unknown manifest format '{fmt}'; choose one of {', '.join(FORMATS)}")
     check_prefix(prefix)
@@ -140,6 +152,7 @@ def manifests(p: Placement, fmt: str, image: str, model: str, adapter_dir: str, 
     paths = pod_adapter_paths(p, adapter_dir, keep_urls=fmt == "aibrix")
     base = re.sub(r"[^A-Za-z0-9_.-]", "-", model.rsplit("/", 1)[-1])[:63].strip("-_.") or "model"
     groups = _replica_groups(p) if fmt == "aibrix" else {}
+    kinds = p.kinds()
     objects: list[dict] = []
     for inst in p.instances:
         labels = {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/managed-by": "lora-planner",
@@ -147,8 +160,9 @@ def manifests(p: Placement, fmt: str, image: str, model: str, adapter_dir: str, 
         if fmt == "aibrix":
             labels.update({"model.aibrix.ai/name": base, "adapter.model.aibrix.ai/enabled": "true",
                            **{label: "true" for label, members in groups.items() if inst.instance_id in members}})
-        objects += _server(p, inst, _name(prefix, inst.instance_id), image, model, paths, volumes, labels,
-                           runtime_loading=fmt == "aibrix")
+        objects += _server(p, inst, _name(prefix, inst.instance_id),
+                           image if isinstance(image, str) else image[inst.kind], model, paths, volumes, labels,
+                           runtime_loading=fmt == "aibrix", kind=kinds.get(inst.kind))
     if fmt == "llm-d":
         objects.append(_pool(p, prefix))
     elif fmt == "aibrix":
@@ -195,7 +209,8 @@ def _model_adapters(p: Placement, base: str, paths: dict[str, str], groups: dict
     return out
 
 
-def render_manifests(p: Placement, fmt: str, image: str, model: str, adapter_dir: str, prefix: str = "lora") -> str:
+def render_manifests(p: Placement, fmt: str, image: str | dict[str, str], model: str, adapter_dir: str,
+                     prefix: str = "lora") -> str:
     """:func:`manifests` as one YAML stream, every object written out in full (no anchors where objects share a
     labels dict), after a comment saying how many adapters have a workload path the pods do not mount."""
     import yaml

@@ -35,8 +35,14 @@ def _millis(ms: float | None) -> str:
     return "-" if ms is None else f"{ms:,.0f} ms"
 
 
-def slo_line(c: dict) -> str:
-    """What every GPU of a judged plan had to show, and where (the plan's ``inputs.confirmation``)."""
+def _amount(x: float) -> str:
+    """A price or cost, in the pool file's own unit (no currency)."""
+    return f"{x:,.12g}"
+
+
+def slo_line(c: dict, margins: dict[str, float] | None = None) -> str:
+    """What every GPU of a judged plan had to show, and where (the plan's ``inputs.confirmation``); ``margins``: a
+    pool plan's safety margin (its twin's slowdown) per kind, said instead of ``c``'s."""
     parts = []
     if c.get("max_ttft_s") is not None:
         parts.append(f"p99 TTFT <= {c['max_ttft_s']:g} s")
@@ -56,7 +62,10 @@ def slo_line(c: dict) -> str:
     if c.get("second_seed") is not None:
         line += f", seed {c['seed']} and again {c['second_seed']}"
     line += bounds_words(c.get("tail_factor"), c.get("tpot_factor"), c.get("max_ttft_s"), c.get("max_tpot_ms"))
-    if c.get("slowdown", 1.0) > 1.0:
+    if margins:
+        line += (", on a GPU slower than its kind's profile by the kind's safety margin: "
+                 + ", ".join(f"{name} {slowdown - 1:.0%}" for name, slowdown in margins.items()))
+    elif c.get("slowdown", 1.0) > 1.0:
         line += f", on a GPU {c['slowdown'] - 1:.0%} slower than the profile: its safety margin"
     return line + ")"
 
@@ -64,7 +73,7 @@ def slo_line(c: dict) -> str:
 def render_table(p: Placement) -> str:
     s = p.summary()
     judged = s["judged_by"] == "twin"
-    head = (f"{s['adapters']} adapters on {s['gpus']} GPU(s) · profile {p.inputs['profile_id']} · "
+    head = (f"{s['adapters']} adapters on {s['gpus']} GPU(s) · {_profiles(p)} · "
             f"algorithm {p.inputs['algorithm']} · packed with the {p.inputs['predictor']['kind']}"
             f"{' and its edge classifier' if p.inputs['predictor'].get('edge') else ''}")
     if "policy" in p.inputs:
@@ -77,9 +86,12 @@ def render_table(p: Placement) -> str:
                      f"on average ({f'{own} adapters give their own, the rest' if own else 'every adapter'} "
                      f"{'the defaults' if own else 'at the defaults'})"
                      + (f", log-normal with CV {ln['length_cv']:g}" if ln.get("length_cv") else ""))
+    if "pool" in p.inputs:
+        lines += _cost_lines(p, s)
     if "confirmation" in p.inputs:
         c = p.inputs["confirmation"]
-        lines.append(slo_line(c))
+        lines.append(slo_line(c, {name: k.get("slowdown", 1.0) for name, k in _confirmations(p).items()}
+                              if "pool" in p.inputs else None))
         tight = tightened_words([(i.instance_id, (i.twin or {}).get("max_ttft_ms"), (i.twin or {}).get("max_tpot_ms"))
                                  for i in p.instances], c.get("max_ttft_s"), c.get("max_tpot_ms"))
         if tight:
@@ -115,11 +127,39 @@ def render_table(p: Placement) -> str:
     if split:
         lines += ["", f"{len(split)} adapter(s) split over replicas (see 'router' in the JSON): {', '.join(split[:5])}"]
     lines += ["", _total_line(p, s)]
-    if "confirmation" in p.inputs:
-        note = _rounds_line(p.inputs["confirmation"])
-        if note:
-            lines.append(note)
+    notes = [f"{name}: {note}" if name else note
+             for name, c in _confirmations(p).items() for note in _round_notes(c)]
+    if notes:
+        lines.append("the twin's rounds: " + "; ".join(notes))
     return _shown(lines)
+
+
+def _profiles(p: Placement) -> str:
+    """The plan's profile, or a pool plan's kinds with theirs."""
+    kinds = p.kinds()
+    if not kinds:
+        return f"profile {p.inputs['profile_id']}"
+    return "kinds " + ", ".join(f"{name} ({k['profile_id']})" for name, k in kinds.items())
+
+
+def _confirmations(p: Placement) -> dict[str, dict]:
+    """How the plan's GPUs were judged (``inputs.confirmation``, named ""), or a pool plan's per kind it uses."""
+    if "pool" in p.inputs:
+        return {name: k["confirmation"] for name, k in p.kinds().items() if k.get("confirmation")}
+    return {"": p.inputs["confirmation"]} if "confirmation" in p.inputs else {}
+
+
+def _cost_lines(p: Placement, s: dict) -> list[str]:
+    """A pool plan's cost per hour by kind, and what each kind alone would cost (``inputs.pool.single_kind``)."""
+    kinds = p.kinds()
+    lines = [f"cost: {_amount(s['cost_per_hour'])}/h = " + " + ".join(
+        f"{n} x {name} at {_amount(kinds[name]['price_per_hour'])}/h" for name, n in s["gpus_by_kind"].items() if n)]
+    alone = [f"{row['kind']}: {row['why_not']}" if row.get("why_not") else
+             f"{row['kind']} {_amount(row['cost_per_hour'])}/h on {row['gpus']} GPU(s) "
+             f"({'judged' if row['judged'] else 'packed only'})" for row in p.inputs["pool"].get("single_kind", [])]
+    if alone:
+        lines.append("each kind alone: " + "; ".join(alone))
+    return lines
 
 
 def _shown(lines: list[str]) -> str:
@@ -139,15 +179,15 @@ def _total_line(p: Placement, s: dict) -> str:
     return total + f"{s['failing']} GPU(s) fail ({s['memory_errors']} would not start)"
 
 
-def _rounds_line(c: dict) -> str:
+def _round_notes(c: dict) -> list[str]:
+    """What the twin's rounds of one confirmation did beyond judging the packing."""
     notes = []
-
     if c.get("repacked_gpus"):
         margin = "" if c.get("margin") is None else f" (load margin up to {c['margin']:.1%})"
         notes.append(f"{c['repacked_gpus']} GPU(s) fell short and their adapters were packed again{margin}")
     if c.get("twin_packed_gpus"):
         notes.append(f"{c['twin_packed_gpus']} GPU(s) packed by the twin itself")
-    return ("the twin's rounds: " + "; ".join(notes)) if notes else ""
+    return notes
 
 
 def adapter_paths(p: Placement, adapter_dir: str) -> dict[str, str]:
@@ -171,13 +211,14 @@ def vllm_argv(p: Placement, inst: InstancePlan, model: str, port: int, paths: di
 
 
 def render_vllm(p: Placement, model: str, port_base: int = 8000, adapter_dir: str = "adapters") -> str:
-    """One shell line per GPU (CUDA_VISIBLE_DEVICES=k), quoted safely; the comments escaped, one line each."""
+    """One shell line per GPU (CUDA_VISIBLE_DEVICES=k), quoted safely; the comments escaped, one line each. A pool
+    plan's in a block per kind, its GPUs numbered from 0 (each kind runs on hosts of its own; ports run on)."""
     last_port = port_base + len(p.instances) - 1
     if port_base < 1 or last_port > 65535:
         raise BadInputError(f"--port-base {port_base}: the {len(p.instances)} server(s) would listen on ports "
                             f"{port_base} to {last_port}, outside 1-65535")
     header = (f"# {len(p.instances)} vLLM server(s) for {printable(str(p.inputs['workload']['path']))} "
-              f"(profile {printable(str(p.inputs['profile_id']))}); adapters without a path are looked up in "
+              f"({printable(_profiles(p))}); adapters without a path are looked up in "
               f"{printable(adapter_dir)}/")
     lines = [header]
     if "policy" in p.inputs:
@@ -185,10 +226,16 @@ def render_vllm(p: Placement, model: str, port_base: int = 8000, adapter_dir: st
                      "does not implement it, so these servers run vLLM's own scheduler and the plan's predictions do not "
                      "apply")
     paths = adapter_paths(p, adapter_dir)
-    for k, inst in enumerate(p.instances):
-        argv = vllm_argv(p, inst, model, port_base + k, paths)
-        lines.append(f"# {inst.instance_id}: {len(inst.adapters)} adapters, {_status(inst)}")
-        lines.append(f"CUDA_VISIBLE_DEVICES={k} " + " ".join(shlex.quote(a) for a in argv) + " &")
+    port = port_base
+    for kind, part in p.by_kind() or [(None, p)]:
+        if kind is not None:
+            lines.append(printable(f"# kind {kind['name']}: profile {kind['profile_id']} at "
+                                   f"{_amount(kind['price_per_hour'])}/h, {len(part.instances)} server(s) on its hosts"))
+        for k, inst in enumerate(part.instances):
+            argv = vllm_argv(part, inst, model, port, paths)
+            port += 1
+            lines.append(f"# {inst.instance_id}: {len(inst.adapters)} adapters, {_status(inst)}")
+            lines.append(f"CUDA_VISIBLE_DEVICES={k} " + " ".join(shlex.quote(a) for a in argv) + " &")
     return "\n".join(lines)
 
 
