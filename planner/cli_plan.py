@@ -239,49 +239,60 @@ def evaluate(placement_file, workload, profile_id, duration, seed, load, arrival
     is not placed. The GPUs run the serving policy the plan records (stock vLLM if none) unless
     --policy says otherwise; --policy-param alone overrides parameters of the recorded one.
     """
-    from planner.evaluate import evaluate_placement, judging_run, plan_bar
+    from planner.evaluate import evaluate_placement, evaluate_pool, judging_run, plan_bar
     from planner.placement import read_placement
-    from planner.verdict import bounds_words, tightened_words
+    from planner.verdict import tightened_words
     from planner.workload_csv import read_workload
-    from twin import InfeasibleError, UnpredictableArrivals, load_profile
+    from twin import BadInputError, InfeasibleError, UnpredictableArrivals, load_profile
     from twin.policies.spec import policy_label
 
     placement = read_placement(placement_file)
-    profile = load_profile(profile_id or placement.inputs.get("profile_id"))
+    pool = bool(placement.kinds())
+    if pool and profile_id:
+        raise BadInputError(f"{placement_file} is a pool plan: each kind's GPUs are judged on that kind's profile; "
+                            "drop --profile")
+    profile = None if pool else load_profile(profile_id or placement.inputs.get("profile_id"))
     wl = read_workload(workload, profile)
     objective_given = click.get_current_context().get_parameter_source("objective").name != "DEFAULT"
-    bar = plan_bar(placement, profile, objective=objective if objective_given else None, min_served=min_served,
-                   max_ttft_s=max_ttft, max_tpot_ms=max_tpot, slowdown=slowdown)
-    run = judging_run(placement, seed, load, duration_s=duration, jobs=jobs_or_cores(jobs),
-                      arrivals=UnpredictableArrivals() if arrivals == "unpredictable" else None)
+
+    def judge(part, prof):
+        """The bar and run ``part`` is judged by on ``prof``: its plan's, with the options given replacing theirs."""
+        return (plan_bar(part, prof, objective=objective if objective_given else None, min_served=min_served,
+                         max_ttft_s=max_ttft, max_tpot_ms=max_tpot, slowdown=slowdown),
+                judging_run(part, seed, load, duration_s=duration, jobs=jobs_or_cores(jobs),
+                            arrivals=UnpredictableArrivals() if arrivals == "unpredictable" else None))
+
     spec = policy_from_cli(policy, policy_params, placement.inputs.get("policy"))
-    ev = evaluate_placement(placement, wl, profile, bar, run, spec,
-                            progress=counter("twin", unit="GPU"))
+    progress = counter("twin", unit="GPU")
+    ev = (evaluate_pool(placement, wl, judge, spec, progress) if pool
+          else evaluate_placement(placement, wl, profile, *judge(placement, profile), spec, progress))
     if as_json:
         print_json(ev.to_dict())
     else:
         if spec is not None:
             click.echo(f"serving policy {policy_label(ev.policy)}")
-        seeds = f"seed {seed}" + ("" if run.second_seed is None else f", then {run.second_seed} if it passes")
-        seeds += bounds_words(run.tail_factor, run.tpot_factor, bar.max_ttft_s, bar.max_tpot_ms)
-        click.echo(f"each GPU must: {bar.describe()} (twin: {run.describe_length()}, {seeds}, "
-                   f"{'the traffic itself' if run.load == 1.0 else f'{run.load:g} x the traffic'}"
-                   f"{', more where request sizes vary' if run.size_scaled and run.load > 1.0 else ''})")
-        tight = tightened_words([(i.instance_id, (i.figures or {}).get("max_ttft_ms"),
-                                  (i.figures or {}).get("max_tpot_ms")) for i in ev.instances],
-                                bar.max_ttft_s, bar.max_tpot_ms)
-        if tight:
-            click.echo(tight)
+        kinds = [(f"each {k.name} GPU ({k.profile_id})", k.bar, k.run, [i for i in ev.instances if i.kind == k.name])
+                 for k in ev.kinds]
+        # one rule for every GPU, or a pool plan's kinds each with its own where theirs differ (a margin)
+        same = len({_judging_words(bar, run, seed) for _, bar, run, _ in kinds}) <= 1
+        for who, bar, run, gpus in [("each GPU", ev.bar, ev.run, ev.instances)] if same else kinds:
+            click.echo(f"{who} must: {_judging_words(bar, run, seed)}")
+            tight = tightened_words([(i.instance_id, (i.figures or {}).get("max_ttft_ms"),
+                                      (i.figures or {}).get("max_tpot_ms")) for i in gpus],
+                                    bar.max_ttft_s, bar.max_tpot_ms)
+            if tight:
+                click.echo(tight)
         for i in ev.instances:
+            gpu = f"{i.instance_id}{'' if i.kind is None else f' (kind {i.kind})'}: {i.adapters} adapters, " \
+                  f"--max-loras {i.a_max}"
             f = i.figures
             if f is None:  # it never ran: a memory error, or no adapter to serve
                 state = click.style("MEMORY ERROR" if not i.memory_ok else "; ".join(i.misses), fg="red")
-                click.echo(f"{i.instance_id}: {i.adapters} adapters, --max-loras {i.a_max}: {state}")
+                click.echo(f"{gpu}: {state}")
                 continue
             state = click.style("ok", fg="green") if i.ok else click.style("MISSES: " + "; ".join(i.misses), fg="red")
-            click.echo(f"{i.instance_id}: {i.adapters} adapters, --max-loras {i.a_max}: serves {f['served']:.1%} of "
-                       f"{i.arriving_tok_s:,.0f} tok/s, p99 TTFT {_seconds(f['ttft_ms_p99'])}, p99 TPOT "
-                       f"{_millis(f['tpot_ms_p99'])}: {state}")
+            click.echo(f"{gpu}: serves {f['served']:.1%} of {i.arriving_tok_s:,.0f} tok/s, p99 TTFT "
+                       f"{_seconds(f['ttft_ms_p99'])}, p99 TPOT {_millis(f['tpot_ms_p99'])}: {state}")
         if ev.unplaced:
             click.echo(f"not placed: {', '.join(ev.unplaced[:10])}" + (" ..." if len(ev.unplaced) > 10 else ""))
         n_bad = sum(not i.ok for i in ev.instances)
@@ -289,6 +300,17 @@ def evaluate(placement_file, workload, profile_id, duration, seed, load, arrival
                    (f"; {len(ev.unplaced)} adapter(s) not placed" if ev.unplaced else ""))
     if not ev.ok:
         raise InfeasibleError("the placement does not hold in the twin (see above)")
+
+
+def _judging_words(bar, run, seed: int) -> str:
+    """What a GPU must do in the twin, and how it is run there, in words (after "each GPU must: ")."""
+    from planner.verdict import bounds_words
+
+    seeds = f"seed {seed}" + ("" if run.second_seed is None else f", then {run.second_seed} if it passes")
+    seeds += bounds_words(run.tail_factor, run.tpot_factor, bar.max_ttft_s, bar.max_tpot_ms)
+    return (f"{bar.describe()} (twin: {run.describe_length()}, {seeds}, "
+            f"{'the traffic itself' if run.load == 1.0 else f'{run.load:g} x the traffic'}"
+            f"{', more where request sizes vary' if run.size_scaled and run.load > 1.0 else ''})")
 
 
 def _seconds(ms: float | None) -> str:
@@ -427,6 +449,8 @@ Examples:
   planner verify plan.json --engine cuda --model /models/llama-3.1-8b --adapter-dir /models/adapters
   # the same run judged again, by the plan's SLO as it is now (no engine starts)
   planner verify plan.json --rejudge
+  # a pool plan: one kind's instances at a time, on a machine of that kind
+  planner verify pool-plan.json --kind h100-80gb --engine cuda --model /models/llama-3.1-8b
 \b
 Exit codes: 0 every GPU holds the plan's SLO · 2 bad input · 3 a GPU misses it or fails to start.
 """
@@ -447,7 +471,9 @@ Exit codes: 0 every GPU holds the plan's SLO · 2 bad input · 3 a GPU misses it
 @click.option("--kv-cache-bytes", type=click.IntRange(min=1), default=None,
               help="KV cache size per engine (vLLM --kv-cache-memory-bytes) [the profile's; with --synthesize, "
                    "the planned KV tokens of each engine; else vLLM's].")
-@click.option("--profile", "profile_id", default=None, help="Profile id or path [the plan's].")
+@click.option("--profile", "profile_id", default=None, help="Profile id or path [the plan's; a pool plan's: the kind's].")
+@click.option("--kind", default=None,
+              help="A pool plan's kind whose instances to verify, on a machine of that kind [the one kind it uses].")
 @click.option("--work-dir", type=click.Path(file_okay=False), default="verify-work", show_default=True,
               help="Engine logs, per-request records and each GPU's result (<instance>.verify.json) go here.")
 @click.option("--rejudge", is_flag=True,
@@ -456,7 +482,7 @@ Exit codes: 0 every GPU holds the plan's SLO · 2 bad input · 3 a GPU misses it
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @user_errors
-def verify(placement_file, engine, duration, warmup, model, adapter_dir, synthesize, kv_cache_bytes, profile_id,
+def verify(placement_file, engine, duration, warmup, model, adapter_dir, synthesize, kv_cache_bytes, profile_id, kind,
            work_dir, rejudge, seed, as_json) -> None:
     """Launch every instance of PLACEMENT.json on real vLLM, drive its traffic, and judge it by the plan's SLO.
 
@@ -466,12 +492,20 @@ def verify(placement_file, engine, duration, warmup, model, adapter_dir, synthes
     / max_tpot_ms tightening its GPU's, on the real engine without the twin's safety margin. Also how
     fast it decoded against the profile (a short probe before and after the traffic; above 1x means
     slower than profiled). A p99 of fewer than 100 requests is nearly their slowest: a short run judges
-    the worst few. Exit 3 when a GPU misses its SLO or fails to start.
+    the worst few. A pool plan is verified one kind at a time (--kind): that kind's instances, on its
+    profile and engine settings. Exit 3 when a GPU misses its SLO or fails to start.
     """
     from pathlib import Path
 
     from planner.placement import read_placement
-    from planner.verify import VerifySettings, real_bar, rejudge_placement, synthesize_for, verify_placement
+    from planner.verify import (
+        VerifySettings,
+        kind_part,
+        real_bar,
+        rejudge_placement,
+        synthesize_for,
+        verify_placement,
+    )
     from twin import BadInputError, InfeasibleError, load_profile
 
     placement = read_placement(placement_file)  # checked against its schema before anything starts
@@ -485,6 +519,7 @@ def verify(placement_file, engine, duration, warmup, model, adapter_dir, synthes
         raise BadInputError(f"{placement_file} was planned for servers running {placement.inputs['policy']['name']}, "
                             "which real vLLM does not implement; check it in the twin with `planner evaluate`, or "
                             "plan for stock vLLM (--policy vllm) to verify on real engines")
+    kind, placement = kind_part(placement, kind)
     profile = load_profile(profile_id or placement.inputs.get("profile_id"))
     work = Path(work_dir)
     if rejudge:
@@ -510,11 +545,11 @@ def verify(placement_file, engine, duration, warmup, model, adapter_dir, synthes
                                    progress=None if as_json else lambda m: click.echo(f"starting {m}", err=True))
     bar = real_bar(placement, profile)
     if as_json:
-        print_json({"ok": all(r.holds for r in results), "slo": bar.to_dict(),
-                    "instances": [r.to_dict() for r in results]})
+        print_json({"ok": all(r.holds for r in results), **({} if kind is None else {"kind": kind}),
+                    "slo": bar.to_dict(), "instances": [r.to_dict() for r in results]})
     else:
-        click.echo(f"each GPU must, on the real engine: {bar.describe()} (the plan's SLO, an adapter's own limits "
-                   "tightening its GPU's)")
+        click.echo(f"each {'' if kind is None else f'{kind} '}GPU must, on the real engine: {bar.describe()} (the "
+                   "plan's SLO, an adapter's own limits tightening its GPU's)")
         for r in results:
             if r.status != "ok":
                 state = click.style(f"did not start ({r.status}): {r.message}", fg="red")

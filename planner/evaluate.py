@@ -3,12 +3,13 @@
 The GPUs are judged exactly as ``planner plan`` confirms them (:mod:`planner.verdict`): the same twin
 run, the same bar (the SLO and served share the plan recorded, the profile's slowdown), the adapters'
 own SLOs from the workload. With the plan's defaults, a confirmed plan evaluates with its own figures.
+A pool plan's GPUs are judged kind by kind, each on its kind's profile by its kind's rule (:func:`evaluate_pool`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from planner.packing import GpuGroup, PackRequest, group_scenario
@@ -23,9 +24,10 @@ from planner.verdict import (
     TwinRun,
     twin_check,
 )
+from twin.errors import BadInputError, ProfileError
 from twin.policies.memory import kv_capacity
 from twin.policies.spec import PolicySpec, policy_record
-from twin.profile import Profile
+from twin.profile import Profile, load_profile
 from twin.workload import Adapter, Workload
 
 
@@ -40,6 +42,7 @@ class InstanceEvaluation:
     arriving_tok_s: float
     figures: dict[str, Any] | None  # the twin's (TwinCheck.row); None on a memory error
     misses: list[str]  # what it misses, in words
+    kind: str | None = None  # a pool plan's: the kind it runs on
 
     @property
     def ok(self) -> bool:
@@ -52,7 +55,8 @@ class InstanceEvaluation:
     def to_dict(self) -> dict[str, Any]:
         f = self.figures or {}
         return {
-            "instance_id": self.instance_id, "adapters": self.adapters, "a_max": self.a_max,
+            "instance_id": self.instance_id, **({} if self.kind is None else {"kind": self.kind}),
+            "adapters": self.adapters, "a_max": self.a_max,
             "max_lora_rank": self.max_lora_rank, "memory_ok": self.memory_ok,
             "predicted_throughput_tok_s": self.predicted_throughput_tok_s, "arriving_tok_s": self.arriving_tok_s,
             "throughput_tok_s": f.get("throughput_tok_s"), "served": f.get("served"), "starved": self.starved,
@@ -62,14 +66,30 @@ class InstanceEvaluation:
         }
 
 
+@dataclass(frozen=True)
+class KindJudging:
+    """How a pool plan's instances of one kind were judged."""
+
+    name: str
+    profile_id: str
+    gpus: int
+    bar: ServiceBar
+    run: TwinRun
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.name, "profile_id": self.profile_id, "gpus": self.gpus, "slo": self.bar.to_dict(),
+                "twin_run": _run_record(self.run)}
+
+
 @dataclass
 class Evaluation:
     instances: list[InstanceEvaluation]
     unplaced: list[str]  # workload adapters no instance serves
     missing: list[str]  # placed adapters absent from the workload (evaluated with no traffic)
-    bar: ServiceBar
+    bar: ServiceBar  # a pool plan's: its first kind's, as its inputs.confirmation is (each kind's in ``kinds``)
     run: TwinRun
     policy: dict[str, Any] | None = None  # the serving policy simulated (policy_record); None: stock vLLM
+    kinds: list[KindJudging] = field(default_factory=list)  # a pool plan's, per kind used; empty otherwise
 
     @property
     def ok(self) -> bool:
@@ -78,14 +98,18 @@ class Evaluation:
     def to_dict(self) -> dict[str, Any]:
         return {
             **({} if self.policy is None else {"policy": self.policy}),
-            "ok": self.ok, "gpus": len(self.instances), "slo": self.bar.to_dict(),
-            "twin_run": {k: v for k, v in self.run.to_dict().items() if k != "by"},
+            "ok": self.ok, "gpus": len(self.instances), "slo": self.bar.to_dict(), "twin_run": _run_record(self.run),
+            **({"kinds": [k.to_dict() for k in self.kinds]} if self.kinds else {}),
             "memory_errors": sum(not i.memory_ok for i in self.instances),
             "starving": sum(bool(i.starved) for i in self.instances),
             "failing": sum(not i.ok for i in self.instances),
             "unplaced_adapters": self.unplaced, "adapters_not_in_workload": self.missing,
             "instances": [i.to_dict() for i in self.instances],
         }
+
+
+def _run_record(run: TwinRun) -> dict[str, Any]:
+    return {k: v for k, v in run.to_dict().items() if k != "by"}
 
 
 def evaluation_request(placement: Placement, workload: Workload, profile: Profile, bar: ServiceBar,
@@ -132,10 +156,42 @@ def evaluate_placement(placement: Placement, workload: Workload, profile: Profil
         out.append(InstanceEvaluation(inst.instance_id, len(inst.adapters), inst.a_max, inst.max_lora_rank,
                                       memory_ok[k], inst.predicted_throughput_tok_s, sc.arriving_tok_s, figures,
                                       misses))
+    return Evaluation(out, *_gaps(placement, workload), bar, run, policy_record(policy))
+
+
+def _gaps(placement: Placement, workload: Workload) -> tuple[list[str], list[str]]:
+    """The workload's adapters no instance serves, and the placed adapters absent from the workload."""
     placed = {aid for inst in placement.instances for aid in inst.adapters}
     unplaced = [a.adapter_id for a in workload.adapters if a.adapter_id not in placed]
-    missing = sorted(placed - {a.adapter_id for a in workload.adapters})
-    return Evaluation(out, unplaced, missing, bar, run, policy_record(policy))
+    return unplaced, sorted(placed - {a.adapter_id for a in workload.adapters})
+
+
+def evaluate_pool(placement: Placement, workload: Workload,
+                  judge: Callable[[Placement, Profile], tuple[ServiceBar, TwinRun]], policy: PolicySpec | None = None,
+                  progress: Callable[[int, int], None] | None = None) -> Evaluation:
+    """A pool plan judged kind by kind: each kind's instances (:meth:`Placement.by_kind`) on its kind's profile, by
+    the bar and run ``judge`` gives for that kind's part and profile (:func:`plan_bar`, :func:`judging_run`, which
+    read the kind's own confirmation), serving the workload's traffic of the adapters routed to them. One
+    Evaluation, its instances in the plan's order; the adapters not placed or not in the workload are the whole
+    plan's."""
+    judged: dict[str, InstanceEvaluation] = {}
+    kinds = []
+    for kind, part in placement.by_kind():
+        profile = load_profile(kind["profile_id"])
+        bar, run = judge(part, profile)
+        routed = {aid for inst in part.instances for aid in inst.adapters}
+        own = Workload(tuple(a for a in workload.adapters if a.adapter_id in routed))
+        try:
+            ev = evaluate_placement(part, own, profile, bar, run, policy, progress)
+        except ProfileError as exc:  # an instance its kind's profile knows nothing of (an unprofiled rank)
+            raise ProfileError(f"kind {kind['name']} ({profile.profile_id}): {exc}") from None
+        for i in ev.instances:
+            judged[i.instance_id] = replace(i, kind=kind["name"])
+        kinds.append(KindJudging(kind["name"], profile.profile_id, len(part.instances), bar, run))
+    if not kinds:
+        raise BadInputError("the pool plan has no instance to evaluate")
+    return Evaluation([judged[i.instance_id] for i in placement.instances], *_gaps(placement, workload),
+                      kinds[0].bar, kinds[0].run, policy_record(policy), kinds)
 
 
 def plan_bar(placement: Placement, profile: Profile, objective: str | None = None, min_served: float | None = None,

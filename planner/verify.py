@@ -16,6 +16,9 @@ profile's safety margin, with more traffic and bounds for the arrival seed: marg
 the real engine, which is judged against the bare SLO. A p99 is as good as the requests it is taken
 over: of fewer than 100 it is their slowest. Each result is kept in the work directory
 (``<instance>.verify.json``), so a run can be judged again (:func:`rejudge_placement`).
+
+A pool plan is verified one kind at a time, on a machine of that kind (:func:`kind_part`): its instances of the
+kind, as a plan of the kind's profile.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from planner.evaluate import plan_bar
 from planner.placement import InstancePlan, Placement
 from planner.verdict import ServiceBar, TwinCheck, judging_bounds
 from twin.atomic import json_safe, write_json_atomic
-from twin.errors import BadInputError
+from twin.errors import BadInputError, printable
 from twin.profile import Profile
 from twin.simulate import SimConfig, simulate
 from twin.workload import Adapter, LengthModel, PoissonArrivals, Workload, draw_requests
@@ -130,6 +133,26 @@ def _cell(f: Figures, field: str, fmt: str, unit: float) -> str:
 
 def _limit(x: float | None, unit: float, name: str) -> str:
     return "none" if x is None else f"<= {x / unit:g} {name}"
+
+
+def kind_part(p: Placement, kind: str | None) -> tuple[str | None, Placement]:
+    """What verify launches of ``p``, and its kind: a pool plan's instances of ``kind`` as a plan of that kind's
+    profile (:meth:`Placement.by_kind`; ``kind`` None: the one kind the plan uses), or a plan of one profile itself
+    (kind None)."""
+    if not p.kinds():
+        if kind is not None:
+            raise BadInputError(f"--kind {printable(kind)}: the plan is of one profile, not a pool plan; drop --kind")
+        return None, p
+    parts = {k["name"]: part for k, part in p.by_kind()}
+    if kind is None:
+        if len(parts) != 1:
+            raise BadInputError(f"the pool plan uses kinds {', '.join(parts)}: give --kind with the kind of this "
+                                "machine (one kind's instances are verified at a time)")
+        kind = next(iter(parts))
+    if kind not in parts:
+        why = "the pool plan has no instance of that kind" if kind in p.kinds() else "not a kind of the pool plan"
+        raise BadInputError(f"--kind {printable(kind)}: {why} (it uses {', '.join(parts)})")
+    return kind, parts[kind]
 
 
 def real_bar(p: Placement, profile: Profile) -> ServiceBar:
