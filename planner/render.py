@@ -73,9 +73,10 @@ def slo_line(c: dict, margins: dict[str, float] | None = None) -> str:
 def render_table(p: Placement) -> str:
     s = p.summary()
     judged = s["judged_by"] == "twin"
-    head = (f"{s['adapters']} adapters on {s['gpus']} GPU(s) · {_profiles(p)} · "
-            f"algorithm {p.inputs['algorithm']} · packed with the {p.inputs['predictor']['kind']}"
-            f"{' and its edge classifier' if p.inputs['predictor'].get('edge') else ''}")
+    head = f"{s['adapters']} adapters on {s['gpus']} GPU(s) · {_profiles(p)} · algorithm {p.inputs['algorithm']}"
+    if not p.kinds():  # a pool plan names each kind's predictor with the kind
+        head += (f" · packed with the {p.inputs['predictor']['kind']}"
+                 f"{' and its edge classifier' if p.inputs['predictor'].get('edge') else ''}")
     if "policy" in p.inputs:
         head += f" · policy {policy_label(p.inputs['policy'])}"
     lines = [head]
@@ -139,7 +140,8 @@ def _profiles(p: Placement) -> str:
     kinds = p.kinds()
     if not kinds:
         return f"profile {p.inputs['profile_id']}"
-    return "kinds " + ", ".join(f"{name} ({k['profile_id']})" for name, k in kinds.items())
+    return "kinds " + ", ".join(f"{name} ({k['profile_id']}" + (f", packed with the {k['predictor']}" if k.get("predictor")
+                                                                 else "") + ")" for name, k in kinds.items())
 
 
 def _confirmations(p: Placement) -> dict[str, dict]:

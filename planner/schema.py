@@ -197,7 +197,8 @@ MAX_TOKENS = 1 << 24
 
 
 class Engine(_Strict):
-    """The engine settings every instance shares (planner.placement.engine_settings): with the planned
+    """The engine settings every instance shares (planner.placement.engine_settings; in a pool plan each kind's,
+    ``inputs.pool.kinds[].engine``, the top-level one its first kind's): with the planned
     --max-loras, --max-lora-rank and --max-cpu-loras, the only vLLM options a launch line carries, so a plan
     adds no other flag and overrides no planned one."""
 
@@ -221,6 +222,7 @@ class PoolKind(_Open):
     resource: ResourceName
     engine: Engine
     confirmation: Confirmation | None = None
+    predictor: str | None = None  # what packed it (surrogate, twin, ...)
 
 
 class SingleKind(_Open):

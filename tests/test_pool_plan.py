@@ -49,7 +49,7 @@ def single_gpus(tmp_path, doc) -> int:
 
 
 def test_a_mix_beats_the_one_kind_that_serves_everything_and_each_gpu_holds_on_its_own_kind(mixed, tmp_path):
-    d, p, doc = mixed
+    _d, p, doc = mixed
     s = doc["summary"]
     assert s["all_ok"] and set(s["gpus_by_kind"]) == {"h100-64gb", "cpu"} and min(s["gpus_by_kind"].values()) >= 1
     assert s["cost_per_hour"] == pytest.approx(2.0 * s["gpus_by_kind"]["h100-64gb"] + 0.01 * s["gpus_by_kind"]["cpu"])
@@ -136,7 +136,7 @@ def test_an_instance_of_a_kind_the_pool_lacks_is_refused_on_read(mixed, tmp_path
 
 
 def test_replan_of_the_same_workload_changes_nothing(mixed, tmp_path):
-    d, p, doc = mixed
+    d, p, _doc = mixed
     res = CliRunner().invoke(main, ["replan", WL, "--previous", str(d / "plan.json"), "--out", str(tmp_path / "re.json")])
     assert res.exit_code == 0, res.output
     re = read_placement(tmp_path / "re.json")
@@ -146,7 +146,7 @@ def test_replan_of_the_same_workload_changes_nothing(mixed, tmp_path):
 
 
 def test_replan_keeps_adapters_on_their_kind_and_places_new_ones(mixed, tmp_path):
-    d, p, doc = mixed
+    d, p, _doc = mixed
     rows = list(csv.DictReader(open(WL)))
     night = [{**r, "rate_rps": str(float(r["rate_rps"]) * (3.0 if k % 4 == 0 else 1.0))} for k, r in enumerate(rows[4:])]
     night += [{**rows[0], "adapter_id": f"new-{k}", "rank": str([8, 16, 32][k % 3]), "rate_rps": "0.5"} for k in range(9)]
