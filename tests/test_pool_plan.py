@@ -147,7 +147,8 @@ def test_replan_of_the_same_workload_changes_nothing(mixed, tmp_path):
 
 def test_replan_keeps_adapters_on_their_kind_and_places_new_ones(mixed, tmp_path):
     d, p, _doc = mixed
-    rows = list(csv.DictReader(open(WL)))
+    with open(WL, newline="") as f:
+        rows = list(csv.DictReader(f))
     night = [{**r, "rate_rps": str(float(r["rate_rps"]) * (3.0 if k % 4 == 0 else 1.0))} for k, r in enumerate(rows[4:])]
     night += [{**rows[0], "adapter_id": f"new-{k}", "rank": str([8, 16, 32][k % 3]), "rate_rps": "0.5"} for k in range(9)]
     with open(tmp_path / "night.csv", "w", newline="") as f:
