@@ -42,6 +42,9 @@ from twin.workload import Workload
 TOKEN_WEIGHT = 0.5
 #: Rounds of moving adapters off kinds packed past their count.
 COUNT_ROUNDS = 6
+#: How a kind without a surrogate is asked while kinds are priced and mixed: one seed, shorter runs than the
+#: judging runs' (which still judge every GPU of the plan).
+ESTIMATE_RUN = {"duration_s": 600.0, "min_requests": 10_000.0, "max_duration_s": 1800.0, "second_seed": None}
 #: Packings a kind may try while filling the room left on its GPUs (PoolPlanner.fill).
 FILL_PROBES = 8
 
@@ -119,9 +122,17 @@ class PoolPlanner:
             self.progress(message)
 
     def request(self, kind: Kind, members: np.ndarray, opts: PlanOptions | None = None) -> PackRequest:
-        """``members``' request on ``kind`` (``opts``: other options than the plan's, with its lengths)."""
+        """``members``' request on ``kind`` (``opts``: other options than the plan's, with its lengths). A kind
+        the twin packs asks it in :data:`ESTIMATE_RUN`'s shorter runs: its GPUs are judged in full runs after,
+        and those that fall short packed again by the twin of the judging runs."""
+        opts = opts or self.opts
         sub = Workload(tuple(self.workload.adapters[i] for i in members))
-        return pack_request(sub, kind.profile, self.predictors[kind.name], opts or self.opts)
+        req = pack_request(sub, kind.profile, self.predictors[kind.name], opts)
+        if req.predictor.kind != "twin":
+            return req
+        bar = opts.bar(kind.profile)
+        run = replace(opts.run, **ESTIMATE_RUN)
+        return replace(req, predictor=run.predictor(kind.profile, None, bar.slowdown, bar.min_served))
 
     def pack(self, kind: Kind, members: np.ndarray) -> KindPack:
         """The kind's packing of ``members`` without the twin's verdict (cached: packings are deterministic)."""
