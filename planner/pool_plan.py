@@ -240,11 +240,15 @@ def plan_pool(planner: PoolPlanner) -> PoolOutcome:
     options: list[PoolChoice] = []
     for j, k in enumerate(kinds):
         members = np.flatnonzero(planner.servable[k.name])
+        row: dict[str, Any] = {"kind": k.name, "gpus": None, "cost_per_hour": None, "judged": False}
+        singles.append(row)
+        if not len(members):
+            row["why_not"] = "cannot serve any of the adapters (rank or request length)"
+            continue
         planner._say(f"kind {k.name}: packing the {len(members):,} adapters it can serve"
                      + ("" if planner.predictors[k.name].kind != "twin" else " with the twin (no surrogate ships)"))
         pack = planner.pack(k, members)
         prices[j] = planner.adapter_prices(pack)
-        row: dict[str, Any] = {"kind": k.name, "gpus": None, "cost_per_hour": None, "judged": False}
         if len(members) < n:
             row["why_not"] = f"cannot serve {n - len(members):,} of the adapters (rank or request length)"
         elif k.spec.count is not None and pack.gpus > k.spec.count:
@@ -253,7 +257,6 @@ def plan_pool(planner: PoolPlanner) -> PoolOutcome:
         else:
             row.update(gpus=pack.gpus, cost_per_hour=pack.cost)
             options.append(PoolChoice([pack], k.name))
-        singles.append(row)
     try:
         options += planner.mixes(prices)
     except InfeasibleError:

@@ -81,10 +81,11 @@ def test_a_mix_dearer_than_one_kind_is_not_taken(tmp_path, mixed):
 
 def test_counts_are_honoured_and_a_pool_too_small_is_refused(tmp_path, mixed):
     free = mixed[2]["summary"]
-    res = plan(WL, "--pool", pool_yaml(tmp_path / "pool.yaml", cpu_count=12), "--out", tmp_path / "plan.json")
+    cap = free["gpus_by_kind"]["cpu"] - 1  # fewer than the mix without a count uses
+    res = plan(WL, "--pool", pool_yaml(tmp_path / "pool.yaml", cpu_count=cap), "--out", tmp_path / "plan.json")
     assert res.exit_code == 0, res.output
     capped = json.loads((tmp_path / "plan.json").read_text())["summary"]
-    assert free["gpus_by_kind"]["cpu"] > 12 >= capped["gpus_by_kind"]["cpu"] >= 1  # the cap moved adapters off
+    assert capped["gpus_by_kind"]["cpu"] <= cap
     alone = next(r for r in mixed[2]["inputs"]["pool"]["single_kind"] if r["kind"] == "h100-64gb")
     assert capped["cost_per_hour"] <= alone["cost_per_hour"]
     res = plan(WL, "--pool", pool_yaml(tmp_path / "small.yaml", h100_count=1, cpu_count=1))
@@ -166,3 +167,13 @@ def test_replan_keeps_adapters_on_their_kind_and_places_new_ones(mixed, tmp_path
     assert all(after[a] == k for a, k in before.items() if a in after)
     assert all(after[f"new-{k}"] == "h100-64gb" for k in range(2, 9, 3))  # rank 32: the CPU kind cannot serve it
     assert all(i.instance_id.startswith(f"{i.kind}-gpu-") for i in re.instances)
+
+
+def test_a_kind_that_serves_none_of_the_adapters_is_passed_over(tmp_path):
+    (tmp_path / "r32.csv").write_text("adapter_id,rank,rate_rps\na0,32,0.5\na1,32,0.2\na2,32,1.0\n")
+    res = plan(tmp_path / "r32.csv", "--pool", pool_yaml(tmp_path / "pool.yaml"), "--out", tmp_path / "plan.json")
+    assert res.exit_code == 0, res.output
+    doc = json.loads((tmp_path / "plan.json").read_text())
+    assert doc["summary"]["gpus_by_kind"] == {"h100-64gb": 1, "cpu": 0}
+    cpu = next(r for r in doc["inputs"]["pool"]["single_kind"] if r["kind"] == "cpu")
+    assert cpu["gpus"] is None and "cannot serve any" in cpu["why_not"]
