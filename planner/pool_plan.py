@@ -123,8 +123,8 @@ class PoolPlanner:
 
     def request(self, kind: Kind, members: np.ndarray, opts: PlanOptions | None = None) -> PackRequest:
         """``members``' request on ``kind`` (``opts``: other options than the plan's, with its lengths). A kind
-        the twin packs asks it in :data:`ESTIMATE_RUN`'s shorter runs: its GPUs are judged in full runs after,
-        and those that fall short packed again by the twin of the judging runs."""
+        the twin packs asks it in :data:`ESTIMATE_RUN`'s shorter runs, to price and mix: where it is chosen it is
+        packed again by the twin of the judging runs (:meth:`confirm`)."""
         opts = opts or self.opts
         sub = Workload(tuple(self.workload.adapters[i] for i in members))
         req = pack_request(sub, kind.profile, self.predictors[kind.name], opts)
@@ -143,9 +143,12 @@ class PoolPlanner:
         return self._packed[key]
 
     def confirm(self, pack: KindPack) -> KindPack:
-        """The packing judged in the twin on its kind's profile (repacked until every GPU passes)."""
+        """The packing judged in the twin on its kind's profile (repacked until every GPU passes): a kind packed by
+        its surrogate from that packing; one the twin packs from the start, by the twin of the judging runs, as
+        ``planner plan`` packs it."""
         self._say(f"kind {pack.kind.name}: judging {len(pack.members):,} adapters on {pack.kind.profile.profile_id}")
-        groups, confirmation = plan_groups(pack.req, self.opts, self.progress, first=pack.groups)
+        own = self.predictors[pack.kind.name].kind != "twin"  # the twin's estimate is packed again in full runs
+        groups, confirmation = plan_groups(pack.req, self.opts, self.progress, first=pack.groups if own else None)
         return KindPack(pack.kind, pack.members, pack.req, groups, confirmation)
 
     def adapter_prices(self, pack: KindPack) -> np.ndarray:
