@@ -3,16 +3,17 @@
 How (``make_pool_plan``):
 
 1. Every kind packs the adapters it can serve (their rank within its profile, their requests within its
-   context), as the greedy packer does without the twin (fast with a surrogate; the twin packs a kind without
-   one). Each of its GPUs' price is shared among the GPU's adapters, half by their tokens and half evenly,
-   so a busy adapter pays for the throughput it takes and an idle one for the slot it holds: the price of an
-   adapter on that kind.
-2. Each adapter goes to the kind where that price is lowest; a kind over its ``count`` gives up the adapters
-   it is least ahead on until its packing fits. Every kind packs its share again, and that mix is set
-   against each single kind's packing of the whole workload; the cheapest goes on.
-3. The chosen kinds' shares are packed and confirmed as ``planner plan`` confirms a plan: every GPU judged in
-   the twin on its kind's profile and margin, repacked until all pass. Where a mix judged costs more than
-   the best single kind was packed for, that single kind is judged too and the cheaper plan kept.
+   context), as the greedy packer does before the twin judges (fast with a surrogate; a kind without one is
+   packed by the twin in shorter, one-seed runs: :data:`ESTIMATE_RUN`). Each of its GPUs' price is shared
+   among the GPU's adapters, half by their tokens and half evenly, so a busy adapter pays for the throughput
+   it takes and an idle one for the slot it holds: the price of an adapter on that kind.
+2. The mixes: each adapter on the kind where that price is lowest, a kind over its ``count`` giving up the
+   adapters it is least ahead on until its packing fits; and that mix with every kind's GPUs filled with
+   other kinds' adapters while they still fit in the room paid for (:meth:`PoolPlanner.fill`).
+3. The mixes and each single kind's packing of the whole workload, in order of packed cost, are judged as
+   ``planner plan`` judges a plan: every GPU in the twin on its kind's profile and margin, repacked until
+   all pass (a kind the twin packs is packed again by the twin of the judging runs), until no option left
+   could beat the cheapest judged one, which is the plan.
 
 Request lengths come from the pool's first kind for adapters without their own, so every kind is asked about
 the same requests; a single-kind plan to compare with is ``planner plan W.csv --profile P --input-tokens I
@@ -43,7 +44,7 @@ TOKEN_WEIGHT = 0.5
 #: Rounds of moving adapters off kinds packed past their count.
 COUNT_ROUNDS = 6
 #: How a kind without a surrogate is asked while kinds are priced and mixed: one seed, shorter runs than the
-#: judging runs' (which still judge every GPU of the plan).
+#: judging runs' (a kind chosen is packed again in those).
 ESTIMATE_RUN = {"duration_s": 600.0, "min_requests": 10_000.0, "max_duration_s": 1800.0, "second_seed": None}
 #: Packings a kind may try while filling the room left on its GPUs (PoolPlanner.fill).
 FILL_PROBES = 8
