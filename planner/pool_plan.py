@@ -45,7 +45,7 @@ TOKEN_WEIGHT = 0.5
 COUNT_ROUNDS = 6
 #: How a kind without a surrogate is asked while kinds are priced and mixed: one seed, shorter runs than the
 #: judging runs' (a kind chosen is packed again in those).
-ESTIMATE_RUN = {"duration_s": 600.0, "min_requests": 10_000.0, "max_duration_s": 1800.0, "second_seed": None}
+ESTIMATE_RUN = {"duration_s": 300.0, "min_requests": 5_000.0, "max_duration_s": 1800.0, "second_seed": None}
 #: Packings a kind may try while filling the room left on its GPUs (PoolPlanner.fill).
 FILL_PROBES = 8
 
@@ -166,13 +166,16 @@ class PoolPlanner:
             np.add.at(price, pack.members[idx], part * pack.kind.price)
         return price
 
-    def mixes(self, prices: np.ndarray) -> list[PoolChoice]:
+    def mixes(self, prices: np.ndarray, bound: float = np.inf) -> list[PoolChoice]:
         """Each adapter on its cheapest kind (``prices``: kinds x adapters), kinds over their count giving up
         the adapters they are least ahead on, until every kind's packing fits; and that mix with its kinds'
-        GPUs filled (:meth:`fill`) where that is cheaper."""
+        GPUs filled (:meth:`fill`) where that is cheaper and could cost less than ``bound``. None where the mix
+        already costs ``bound`` or more as far as that shows without the twin packing (:meth:`quick_cost`)."""
         kinds = self.pool.kinds
         order = np.argsort(prices, axis=0, kind="stable")
         choice = order[0].copy()
+        if self.quick_cost(choice, prices) >= bound:
+            return []
         for _ in range(COUNT_ROUNDS):
             packs = self._choice(choice).packs
             over = PoolChoice(packs, None).over_count()
@@ -192,21 +195,37 @@ class PoolPlanner:
         if over:
             raise InfeasibleError("the pool has too few GPUs for this workload: " + "; ".join(
                 f"kind {p.kind.name} needs {p.gpus}, its count is {p.kind.spec.count}" for p in over))
-        filled = self.fill(choice, prices)
+        filled = self.fill(choice, prices, bound)
         return [self._choice(choice)] + ([self._choice(filled)] if (filled != choice).any() else [])
+
+    def quick_cost(self, choice: np.ndarray, prices: np.ndarray) -> float:
+        """What the mix ``choice`` costs: its kinds with a surrogate packed; a kind the twin packs (slow) its
+        adapters' price shares rounded up to whole GPUs."""
+        cost = 0.0
+        for j, kind in enumerate(self.pool.kinds):
+            members = np.flatnonzero(choice == j)
+            if not len(members):
+                continue
+            if self.predictors[kind.name].kind != "twin":
+                cost += self.pack(kind, members).cost
+            else:
+                cost += np.ceil(prices[j, members].sum() / kind.price - 1e-9) * kind.price
+        return cost
 
     def _choice(self, choice: np.ndarray) -> PoolChoice:
         return PoolChoice([self.pack(k, np.flatnonzero(choice == j)) for j, k in enumerate(self.pool.kinds)
                            if (choice == j).any()], None)
 
-    def fill(self, choice: np.ndarray, prices: np.ndarray) -> np.ndarray:
+    def fill(self, choice: np.ndarray, prices: np.ndarray, bound: float = np.inf) -> np.ndarray:
         """``choice`` with each kind's GPUs filled: the room its GPUs have left is paid for, so it takes the
         adapters of other kinds it is relatively cheapest for, as many as still fit on its GPUs (bisected in at
-        most :data:`FILL_PROBES` packings), where that makes the whole mix cheaper."""
+        most :data:`FILL_PROBES` packings), where their price shares where they are add up to a GPU there and the
+        whole mix then costs less. A kind whose GPUs alone cost
+        ``bound`` or more is not filled: the mix would cost more than that however it were filled."""
         for j, kind in enumerate(self.pool.kinds):
             mine = choice == j
             others = np.flatnonzero(~mine & self.servable[kind.name])
-            if not mine.any() or not len(others):
+            if not mine.any() or not len(others) or self.pack(kind, np.flatnonzero(mine)).cost >= bound:
                 continue
             gpus = self.pack(kind, np.flatnonzero(mine)).gpus
             others = others[np.argsort(prices[j, others] / prices[choice[others], others], kind="stable")]
@@ -219,9 +238,13 @@ class PoolPlanner:
                     lo = mid
                 else:
                     hi = mid - 1
+            moved = others[:lo]
+            if not any(prices[i, moved[choice[moved] == i]].sum() >= self.pool.kinds[i].price
+                       for i in np.unique(choice[moved])):
+                continue  # they take less than a GPU's price where they are: none would be freed
             trial = choice.copy()
-            trial[others[:lo]] = j
-            if lo and self._choice(trial).cost < self._choice(choice).cost:
+            trial[moved] = j
+            if self._choice(trial).cost < self._choice(choice).cost:
                 choice = trial
         return choice
 
@@ -262,7 +285,7 @@ def plan_pool(planner: PoolPlanner) -> PoolOutcome:
             row.update(gpus=pack.gpus, cost_per_hour=pack.cost)
             options.append(PoolChoice([pack], k.name))
     try:
-        options += planner.mixes(prices)
+        options += planner.mixes(prices, min((c.cost for c in options), default=np.inf))
     except InfeasibleError:
         if not options:
             raise
