@@ -177,3 +177,11 @@ def test_a_kind_that_serves_none_of_the_adapters_is_passed_over(tmp_path):
     assert doc["summary"]["gpus_by_kind"] == {"h100-64gb": 1, "cpu": 0}
     cpu = next(r for r in doc["inputs"]["pool"]["single_kind"] if r["kind"] == "cpu")
     assert cpu["gpus"] is None and "cannot serve any" in cpu["why_not"]
+
+
+def test_a_pool_file_that_is_no_regular_file_or_too_large_is_refused(tmp_path):
+    (tmp_path / "big.yaml").write_text("# " + "x" * (1 << 20) + "\n")
+    for path, words in (("/dev/zero", "not a regular file"), (tmp_path, "is a directory"),
+                        (tmp_path / "big.yaml", "too large for the pool file")):
+        res = plan(WL, "--pool", path)
+        assert res.exit_code == 2 and words in res.output, res.output
