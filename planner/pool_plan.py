@@ -46,8 +46,9 @@ COUNT_ROUNDS = 6
 #: How a kind without a surrogate is asked while kinds are priced and mixed: one seed, shorter runs than the
 #: judging runs' (a kind chosen is packed again in those).
 ESTIMATE_RUN = {"duration_s": 300.0, "min_requests": 5_000.0, "max_duration_s": 1800.0, "second_seed": None}
-#: Packings a kind may try while filling the room left on its GPUs (PoolPlanner.fill).
-FILL_PROBES = 8
+#: Packings a kind may try while filling the room left on its GPUs (PoolPlanner.fill), or while finding the
+#: fewest adapters to move off it to fit its count.
+FILL_PROBES = 6
 
 
 @dataclass
@@ -168,7 +169,7 @@ class PoolPlanner:
 
     def mixes(self, prices: np.ndarray, bound: float = np.inf) -> list[PoolChoice]:
         """Each adapter on its cheapest kind (``prices``: kinds x adapters), kinds over their count giving up
-        the adapters they are least ahead on, until every kind's packing fits; and that mix with its kinds'
+        the adapters they are least ahead on (for the price they take there), until every kind's packing fits; and that mix with its kinds'
         GPUs filled (:meth:`fill`) where that is cheaper and could cost less than ``bound``. None where the mix
         already costs ``bound`` or more as far as that shows without the twin packing (:meth:`quick_cost`)."""
         kinds = self.pool.kinds
@@ -185,11 +186,11 @@ class PoolPlanner:
                 j = kinds.index(p.kind)
                 alt = np.array([next((int(k) for k in order[:, i] if k != j and np.isfinite(prices[k, i])
                                       and not _full(kinds[k], packs)), -1) for i in p.members])
-                regret = np.where(alt >= 0, prices[np.maximum(alt, 0), p.members] - prices[j, p.members], np.inf)
-                excess = 1.0 - p.kind.spec.count / p.gpus
+                here = prices[j, p.members]
+                regret = np.where(alt >= 0, prices[np.maximum(alt, 0), p.members] / here, np.inf)
                 movable = np.flatnonzero(np.isfinite(regret))
-                n = min(len(movable), max(1, int(np.ceil(excess * len(p.members) * 1.1))))
-                moved = movable[np.argsort(regret[movable], kind="stable")[:n]]
+                movable = movable[np.argsort(regret[movable], kind="stable")]
+                moved = movable[:self._fewest_to_move(p, movable, here)]
                 choice[p.members[moved]] = alt[moved]
         over = self._choice(choice).over_count()
         if over:
@@ -197,6 +198,29 @@ class PoolPlanner:
                 f"kind {p.kind.name} needs {p.gpus}, its count is {p.kind.spec.count}" for p in over))
         filled = self.fill(choice, prices, bound)
         return [self._choice(choice)] + ([self._choice(filled)] if (filled != choice).any() else [])
+
+    def _fewest_to_move(self, pack: KindPack, movable: np.ndarray, here: np.ndarray) -> int:
+        """How many of ``movable`` (positions in ``pack.members``, in the order they go) must leave ``pack``'s
+        kind for it to fit its count: bisected in at most :data:`FILL_PROBES` packings, from a first guess of
+        the price shares (``here``) worth the GPUs over the count."""
+        count = pack.kind.spec.count
+
+        def fits(n: int) -> bool:
+            rest = np.delete(pack.members, movable[:n])
+            return not len(rest) or self.pack(pack.kind, rest).gpus <= count
+
+        lo, hi = 0, len(movable)
+        guess = int(np.searchsorted(np.cumsum(here[movable]), (pack.gpus - count) * pack.kind.price)) + 1
+        mid = min(max(guess, 1), hi)
+        for _ in range(FILL_PROBES):
+            if lo >= hi:
+                break
+            if fits(mid):
+                hi = mid
+            else:
+                lo = mid + 1
+            mid = (lo + hi) // 2
+        return hi
 
     def quick_cost(self, choice: np.ndarray, prices: np.ndarray) -> float:
         """What the mix ``choice`` costs: its kinds with a surrogate packed; a kind the twin packs (slow) its
