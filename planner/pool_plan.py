@@ -8,7 +8,7 @@ How (``make_pool_plan``):
    among the GPU's adapters, half by their tokens and half evenly, so a busy adapter pays for the throughput
    it takes and an idle one for the slot it holds: the price of an adapter on that kind.
 2. The mixes: each adapter on the kind where that price is lowest, a kind over its ``count`` giving up the
-   adapters it is least ahead on until its packing fits; and that mix with every kind's GPUs filled with
+   fewest adapters that make its packing fit (those it is least ahead on for their price there first); and that mix with every kind's GPUs filled with
    other kinds' adapters while they still fit in the room paid for (:meth:`PoolPlanner.fill`).
 3. The mixes and each single kind's packing of the whole workload, in order of packed cost, are judged as
    ``planner plan`` judges a plan: every GPU in the twin on its kind's profile and margin, repacked until
