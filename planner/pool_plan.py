@@ -119,7 +119,7 @@ class PoolPlanner:
         return np.array([ranks_ok[a.rank] for a in self.workload.adapters]) & \
             (self.ins + self.outs <= profile.engine.max_model_len)
 
-    def _say(self, message: str) -> None:
+    def say(self, message: str) -> None:
         if self.progress:
             self.progress(message)
 
@@ -148,7 +148,7 @@ class PoolPlanner:
         """The packing judged in the twin on its kind's profile (repacked until every GPU passes): a kind packed by
         its surrogate from that packing; one the twin packs from the start, by the twin of the judging runs, as
         ``planner plan`` packs it."""
-        self._say(f"kind {pack.kind.name}: judging {len(pack.members):,} adapters on {pack.kind.profile.profile_id}")
+        self.say(f"kind {pack.kind.name}: judging {len(pack.members):,} adapters on {pack.kind.profile.profile_id}")
         own = self.predictors[pack.kind.name].kind != "twin"  # the twin's estimate is packed again in full runs
         groups, confirmation = plan_groups(pack.req, self.opts, self.progress, first=pack.groups if own else None)
         return KindPack(pack.kind, pack.members, pack.req, groups, confirmation)
@@ -296,7 +296,7 @@ def plan_pool(planner: PoolPlanner) -> PoolOutcome:
         if not len(members):
             row["why_not"] = "cannot serve any of the adapters (rank or request length)"
             continue
-        planner._say(f"kind {k.name}: packing the {len(members):,} adapters it can serve"
+        planner.say(f"kind {k.name}: packing the {len(members):,} adapters it can serve"
                      + ("" if planner.predictors[k.name].kind != "twin" else " with the twin (no surrogate ships)"))
         pack = planner.pack(k, members)
         prices[j] = planner.adapter_prices(pack)

@@ -106,13 +106,19 @@ def summary(rows: list[dict]) -> dict:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", default="2000,10000,100000")
+def fleet_arguments(ap: argparse.ArgumentParser, sizes: str) -> None:
+    """The options of a benchmark over random fleets: --sizes (default ``sizes``), --seeds, --families and
+    --no-evaluate."""
+    ap.add_argument("--sizes", default=sizes)
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--families", default=",".join(FAMILIES))
-    ap.add_argument("--profile", default="h100-64gb-llama-3.1-8b")
     ap.add_argument("--no-evaluate", action="store_true", help="skip the independent `planner evaluate --seed 1`")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    fleet_arguments(ap, "2000,10000,100000")
+    ap.add_argument("--profile", default="h100-64gb-llama-3.1-8b")
     ap.add_argument("--evaluate-seeds", default=None,
                     help="evaluate only the cases of these seeds (comma-separated; default: all). At 100,000 "
                          "adapters one evaluation simulates about 2,000 GPUs for an hour each")

@@ -56,7 +56,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from benchmarks.placement.fleet_plans import ROOT, run_measured
+from benchmarks.placement.fleet_plans import ROOT, fleet_arguments, run_measured
 from benchmarks.record import result_path, write_result
 from twin import load_profile
 from twin.families import FAMILIES, family_workload, write_workload_csv
@@ -272,13 +272,10 @@ def csv_list(text: str, allowed, what: str) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", default="2000,10000")
-    ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--families", default=",".join(FAMILIES))
+    fleet_arguments(ap, "2000,10000")
     ap.add_argument("--price-sets", default=",".join(PRICE_SETS))
     ap.add_argument("--kinds", default=",".join(KINDS),
                     help="the pool's kinds (a subset of %(default)s, kept in that order: the first is the reference)")
-    ap.add_argument("--no-evaluate", action="store_true", help="skip the independent `planner evaluate --seed 1`")
     ap.add_argument("--keep", type=Path, default=None,
                     help="keep each case's workload.csv, single-<kind>.json, pool-<set>.yaml and plan-<set>.json "
                          "in KEEP/<adapters>-<family>-<seed>/")
