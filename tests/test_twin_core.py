@@ -8,6 +8,7 @@ import pytest
 from twin import Adapter, InfeasibleError, SimConfig, Workload, core, draw_requests, simulate, trace_requests
 from twin.core import EV_ADMITTED, EV_SCHEDULED, step_ms
 from twin.metrics import percentiles
+from twin.stock_queue import drop_readmitted
 
 
 def one_adapter(rate=0.0, rank=8):
@@ -144,7 +145,7 @@ def test_preempted_stack_drops_requests_readmitted_or_preempted_since():
     qkey = np.array([-4, -2, -3, -5], np.int64)
     pre_req = np.array([0, 1, 0, 2, 3, 1], np.int32)
     pre_key = np.array([-1, -2, -4, -3, -5, -6], np.int64)
-    n = core._drop_readmitted(pre_req, pre_key, 6, state, qkey)
+    n = drop_readmitted(pre_req, pre_key, 6, state, qkey)
     assert (n, pre_req[:n].tolist(), pre_key[:n].tolist()) == (3, [0, 2, 3], [-4, -3, -5])
 
 
@@ -164,3 +165,18 @@ def test_requests_arriving_together_keep_adapter_order():
     assert np.all(np.diff(req.arrival_s) >= 0)
     same = np.flatnonzero(np.diff(req.arrival_s) == 0)
     assert same.size > 200 and np.all(req.adapter[same] < req.adapter[same + 1])
+
+
+def test_stock_loop_compiles_to_one_function_without_reference_counting(make_profile):
+    """``core.run_loop`` keeps its speed only while it counts no references and its phases are inlined (see
+    "Phases" in twin.core): its compiled body calls no NRT function and no phase."""
+    import re
+
+    simulate(Workload((Adapter("a", 8, 1.0),)), make_profile(), SimConfig(a_max=1, duration_s=5.0, seed=0))
+    (llvm,) = core.run_loop.inspect_llvm().values()
+    called = set(re.findall(r"call [^@\n]*@([\w.$]+)", llvm))
+    assert called, "no calls found: the pattern no longer matches numba's LLVM"
+    assert not [c for c in called if c.startswith("NRT_")]
+    phases = ("arrive", "sample_series", "fast_step_demand", "schedule_fast", "schedule_running",
+              "schedule_waiting", "next_adapter", "load_adapters", "finish_steady", "free_finished", "split_steady")
+    assert not [c for c in called if any(f"{len(p)}{p}" in c for p in phases)]

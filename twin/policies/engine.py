@@ -60,6 +60,7 @@ from twin.core import (
     apply_step_output,
     batch_shape,
     drop_finished,
+    sample_series,
     scheduler_ms,
     step_buffers,
     step_ms,
@@ -578,14 +579,8 @@ def _classify(r, srv, rq, ads, qs):
 @nb.njit(cache=True)
 def _sample(now, srv, pool, lp, out):
     """Time-series samples (running, waiting, pool use) up to ``now``."""
-    while srv.ts_dt > 0 and out.next_ts[0] <= now and out.ts_i[0] < out.ts.shape[0]:
-        i = out.ts_i[0]
-        out.ts[i, 0] = out.next_ts[0]
-        out.ts[i, 1] = lp.nrun[0]
-        out.ts[i, 2] = lp.n_waiting[0]
-        out.ts[i, 3] = (srv.pool_blocks - pool.free[0]) / srv.pool_blocks
-        out.ts_i[0] += 1
-        out.next_ts[0] += srv.ts_dt
+    out.ts_i[0], out.next_ts[0] = sample_series(out.ts, out.ts_i[0], out.next_ts[0], srv.ts_dt, now, lp.nrun[0],
+                                                lp.n_waiting[0], srv.pool_blocks, pool.free[0])
 
 
 @nb.njit(cache=True)
