@@ -13,7 +13,10 @@ How (``make_pool_plan``):
 3. The mixes and each single kind's packing of the whole workload, in order of packed cost, are judged as
    ``planner plan`` judges a plan: every GPU in the twin on its kind's profile and margin, repacked until
    all pass (a kind the twin packs is packed again by the twin of the judging runs), until no option left
-   could beat the cheapest judged one, which is the plan.
+   could beat the cheapest judged one, which is the plan. An option's kinds with a surrogate are judged first,
+   and it is dropped once those and its other kinds' packings cost as much as the best judged. A mix that
+   judging took over a kind's count is formed again with that many GPUs of room kept on the kind
+   (:data:`RETRIMS` times at most).
 
 Request lengths come from the pool's first kind for adapters without their own, so every kind is asked about
 the same requests; a single-kind plan to compare with is ``planner plan W.csv --profile P --input-tokens I
@@ -47,8 +50,12 @@ COUNT_ROUNDS = 6
 #: judging runs' (a kind chosen is packed again in those).
 ESTIMATE_RUN = {"duration_s": 300.0, "min_requests": 5_000.0, "max_duration_s": 1800.0, "second_seed": None}
 #: Packings a kind may try while filling the room left on its GPUs (PoolPlanner.fill), or while finding the
-#: fewest adapters to move off it to fit its count.
+#: fewest adapters to move off it to fit its count; a kind the twin packs (seconds a packing) fills in fewer.
 FILL_PROBES = 6
+TWIN_FILL_PROBES = 3
+#: Times mixes are formed again with room kept for the GPUs judging added on a kind with a count, after a judged
+#: mix came out over that count.
+RETRIMS = 2
 
 
 @dataclass
@@ -81,8 +88,12 @@ class PoolChoice:
     def cost(self) -> float:
         return sum(p.cost for p in self.packs)
 
-    def over_count(self) -> list[KindPack]:
-        return [p for p in self.packs if p.kind.spec.count is not None and p.gpus > p.kind.spec.count]
+    def over_count(self, room: Callable[[Kind], int | None] = lambda k: k.spec.count) -> list[KindPack]:
+        """The packs with more GPUs than ``room`` allows their kind (default: the kind's count)."""
+        return [p for p in self.packs if room(p.kind) is not None and p.gpus > room(p.kind)]
+
+    def key(self) -> tuple:
+        return tuple((p.kind.name, p.members.tobytes()) for p in self.packs)
 
 
 class PoolPlanner:
@@ -106,6 +117,9 @@ class PoolPlanner:
                                 f"{self.outs[nobody][0]:g} tokens) cannot be served by any kind of the pool "
                                 f"({', '.join(k.name for k in pool.kinds)}): add a kind whose profile serves it")
         self._packed: dict[tuple[str, bytes], KindPack] = {}
+        #: Per kind with a count: GPUs its judging added to a mix's packing that then came out over the count;
+        #: mixes formed later keep that much room (:meth:`room`).
+        self.slack: dict[str, int] = {}
 
     def whole_request(self) -> PackRequest:
         """Every adapter with the lengths every kind is asked about, on the reference kind (what the placement's
@@ -118,6 +132,14 @@ class PoolPlanner:
         ranks_ok = {r: profile.kv.rank_for(r) is not None for r in {a.rank for a in self.workload.adapters}}
         return np.array([ranks_ok[a.rank] for a in self.workload.adapters]) & \
             (self.ins + self.outs <= profile.engine.max_model_len)
+
+    def room(self, kind: Kind) -> int | None:
+        """GPUs of ``kind`` a mix may pack (None: no limit): its count, less :attr:`slack`."""
+        count = kind.spec.count
+        return None if count is None else max(count - self.slack.get(kind.name, 0), 0)
+
+    def twin_packed(self, kind: Kind) -> bool:
+        return self.predictors[kind.name].kind == "twin"
 
     def say(self, message: str) -> None:
         if self.progress:
@@ -149,9 +171,20 @@ class PoolPlanner:
         its surrogate from that packing; one the twin packs from the start, by the twin of the judging runs, as
         ``planner plan`` packs it."""
         self.say(f"kind {pack.kind.name}: judging {len(pack.members):,} adapters on {pack.kind.profile.profile_id}")
-        own = self.predictors[pack.kind.name].kind != "twin"  # the twin's estimate is packed again in full runs
+        own = not self.twin_packed(pack.kind)  # the twin's estimate is packed again in full runs
         groups, confirmation = plan_groups(pack.req, self.opts, self.progress, first=pack.groups if own else None)
         return KindPack(pack.kind, pack.members, pack.req, groups, confirmation)
+
+    def judge(self, option: PoolChoice, bound: float = np.inf) -> PoolChoice | None:
+        """``option`` with every kind's packing judged (:meth:`confirm`), kinds with a surrogate first (they judge in
+        seconds); None as soon as the kinds judged and the others' packings cost ``bound`` or more (judging only
+        adds GPUs to a packing, so the option cannot cost less than ``bound``)."""
+        judged: dict[int, KindPack] = {}
+        for i in sorted(range(len(option.packs)), key=lambda i: self.twin_packed(option.packs[i].kind)):
+            if sum(judged.get(k, p).cost for k, p in enumerate(option.packs)) >= bound:
+                return None
+            judged[i] = self.confirm(option.packs[i])
+        return PoolChoice([judged[i] for i in range(len(option.packs))], option.single)
 
     def adapter_prices(self, pack: KindPack) -> np.ndarray:
         """Per workload adapter, its share of the price of the GPUs ``pack`` put it on (inf: not in it)."""
@@ -179,23 +212,25 @@ class PoolPlanner:
             return []
         for _ in range(COUNT_ROUNDS):
             packs = self._choice(choice).packs
-            over = PoolChoice(packs, None).over_count()
+            over = PoolChoice(packs, None).over_count(self.room)
             if not over:
                 break
             for p in over:
                 j = kinds.index(p.kind)
                 alt = np.array([next((int(k) for k in order[:, i] if k != j and np.isfinite(prices[k, i])
-                                      and not _full(kinds[k], packs)), -1) for i in p.members])
+                                      and not self._full(kinds[k], packs)), -1) for i in p.members])
                 here = prices[j, p.members]
                 regret = np.where(alt >= 0, prices[np.maximum(alt, 0), p.members] / here, np.inf)
                 movable = np.flatnonzero(np.isfinite(regret))
                 movable = movable[np.argsort(regret[movable], kind="stable")]
                 moved = movable[:self._fewest_to_move(p, movable, here)]
                 choice[p.members[moved]] = alt[moved]
-        over = self._choice(choice).over_count()
+        over = self._choice(choice).over_count(self.room)
         if over:
             raise InfeasibleError("the pool has too few GPUs for this workload: " + "; ".join(
-                f"kind {p.kind.name} needs {p.gpus}, its count is {p.kind.spec.count}" for p in over))
+                f"kind {p.kind.name} needs {p.gpus}, its count is {p.kind.spec.count}"
+                + (f" (less {self.slack[p.kind.name]} kept for what judging adds)" if self.slack.get(p.kind.name)
+                   else "") for p in over))
         filled = self.fill(choice, prices, bound)
         return [self._choice(choice)] + ([self._choice(filled)] if (filled != choice).any() else [])
 
@@ -203,7 +238,7 @@ class PoolPlanner:
         """How many of ``movable`` (positions in ``pack.members``, in the order they go) must leave ``pack``'s
         kind for it to fit its count: bisected in at most :data:`FILL_PROBES` packings, from a first guess of
         the price shares (``here``) worth the GPUs over the count."""
-        count = pack.kind.spec.count
+        count = self.room(pack.kind)
 
         def fits(n: int) -> bool:
             rest = np.delete(pack.members, movable[:n])
@@ -230,11 +265,15 @@ class PoolPlanner:
             members = np.flatnonzero(choice == j)
             if not len(members):
                 continue
-            if self.predictors[kind.name].kind != "twin":
+            if not self.twin_packed(kind):
                 cost += self.pack(kind, members).cost
             else:
                 cost += np.ceil(prices[j, members].sum() / kind.price - 1e-9) * kind.price
         return cost
+
+    def _full(self, kind: Kind, packs: list[KindPack]) -> bool:
+        room = self.room(kind)
+        return room is not None and any(p.kind is kind and p.gpus >= room for p in packs)
 
     def _choice(self, choice: np.ndarray) -> PoolChoice:
         return PoolChoice([self.pack(k, np.flatnonzero(choice == j)) for j, k in enumerate(self.pool.kinds)
@@ -253,15 +292,18 @@ class PoolPlanner:
                 continue
             gpus = self.pack(kind, np.flatnonzero(mine)).gpus
             others = others[np.argsort(prices[j, others] / prices[choice[others], others], kind="stable")]
+            # First guess: the others whose price shares here add up to the room left on its GPUs.
+            spare = gpus * kind.price - prices[j, mine].sum()
             lo, hi = 0, len(others)
-            for _ in range(FILL_PROBES):
+            mid = min(max(int(np.searchsorted(np.cumsum(prices[j, others]), spare)), 1), hi)
+            for _ in range(TWIN_FILL_PROBES if self.twin_packed(kind) else FILL_PROBES):
                 if lo >= hi:
                     break
-                mid = (lo + hi + 1) // 2
                 if self.pack(kind, np.union1d(np.flatnonzero(mine), others[:mid])).gpus <= gpus:
                     lo = mid
                 else:
                     hi = mid - 1
+                mid = (lo + hi + 1) // 2
             moved = others[:lo]
             if not any(prices[i, moved[choice[moved] == i]].sum() >= self.pool.kinds[i].price
                        for i in np.unique(choice[moved])):
@@ -271,10 +313,6 @@ class PoolPlanner:
             if self._choice(trial).cost < self._choice(choice).cost:
                 choice = trial
         return choice
-
-
-def _full(kind: Kind, packs: list[KindPack]) -> bool:
-    return kind.spec.count is not None and any(p.kind is kind and p.gpus >= kind.spec.count for p in packs)
 
 
 @dataclass
@@ -308,23 +346,49 @@ def plan_pool(planner: PoolPlanner) -> PoolOutcome:
         else:
             row.update(gpus=pack.gpus, cost_per_hour=pack.cost)
             options.append(PoolChoice([pack], k.name))
+    bound = min((c.cost for c in options), default=np.inf)
     try:
-        options += planner.mixes(prices, min((c.cost for c in options), default=np.inf))
+        options += planner.mixes(prices, bound)
     except InfeasibleError:
         if not options:
             raise
     best: PoolChoice | None = None
-    for option in sorted(options, key=lambda c: (c.cost, c.single is None)):
+    pending = sorted(options, key=_judging_order)
+    seen = {o.key() for o in options}
+    retrims = 0
+    while pending:
+        option = pending.pop(0)
         if best is not None and option.cost >= best.cost:
             break  # judging only adds GPUs to a packing: none left can beat the best judged
-        judged = PoolChoice([planner.confirm(p) for p in option.packs], option.single)
+        judged = planner.judge(option, np.inf if best is None else best.cost)
+        if judged is None:
+            continue
         _record_single(singles, judged)
-        if not judged.over_count() and (best is None or judged.cost < best.cost):
+        over = judged.over_count()
+        if not over and (best is None or judged.cost < best.cost):
             best = judged
+        elif over and option.single is None and retrims < RETRIMS:
+            # Form the mixes again keeping room for what judging added on those kinds.
+            retrims += 1
+            for p in over:
+                planner.slack[p.kind.name] = planner.slack.get(p.kind.name, 0) + p.gpus - p.kind.spec.count
+            planner.say("a judged mix needs more GPUs of " + ", ".join(p.kind.name for p in over)
+                        + " than the pool has: mixing again with room kept for that")
+            try:
+                again = planner.mixes(prices, min(bound, np.inf if best is None else best.cost))
+            except InfeasibleError:
+                again = []
+            fresh = [o for o in again if o.key() not in seen]
+            seen |= {o.key() for o in fresh}
+            pending = sorted(pending + fresh, key=_judging_order)
     if best is None:
         raise InfeasibleError("judged in the twin, every way to serve the workload needs more GPUs of a kind than "
                               "the pool's count allows")
     return PoolOutcome(best, singles)
+
+
+def _judging_order(choice: PoolChoice) -> tuple[float, bool]:
+    return choice.cost, choice.single is None
 
 
 def _record_single(singles: list[dict[str, Any]], choice: PoolChoice) -> None:

@@ -185,3 +185,48 @@ def test_a_pool_file_that_is_no_regular_file_or_too_large_is_refused(tmp_path):
                         (tmp_path / "big.yaml", "too large for the pool file")):
         res = plan(WL, "--pool", path)
         assert res.exit_code == 2 and words in res.output, res.output
+
+
+def _planner(tmp_path, **counts):
+    from planner.cli_plan import load_predictor_for
+    from planner.plan import PlanOptions
+    from planner.pool import read_pool
+    from planner.pool_plan import PoolPlanner
+    from planner.workload_csv import read_workload
+
+    pool = read_pool(pool_yaml(tmp_path / f"pool-{len(list(tmp_path.iterdir()))}.yaml", **counts))
+    return PoolPlanner(read_workload(WL), pool, lambda p: load_predictor_for(p, "auto"), PlanOptions(), None)
+
+
+def test_judging_takes_surrogate_kinds_first_and_stops_where_an_option_cannot_beat_the_bound(tmp_path, monkeypatch):
+    from planner.pool_plan import PoolChoice, PoolPlanner
+
+    planner = _planner(tmp_path)
+    judged = []
+    monkeypatch.setattr(PoolPlanner, "confirm", lambda self, pack: judged.append(pack.kind.name) or pack)
+    option = PoolChoice([planner.pack(k, members) for k, members in
+                         ((planner.pool.kinds[1], planner.servable["cpu"].nonzero()[0][:40]),
+                          (planner.pool.kinds[0], planner.servable["cpu"].nonzero()[0][40:]))], None)
+    assert planner.judge(option, bound=option.cost) is None and judged == []
+    assert planner.judge(option).cost == option.cost and judged == ["h100-64gb", "cpu"]
+
+
+def test_a_mix_that_judging_takes_over_a_count_is_formed_again_with_room_kept(tmp_path, monkeypatch):
+    """Judging that adds a GPU of the counted kind to every packing of it: the first mix comes out over the count,
+    so the mixes are formed again with one GPU of room kept on that kind, and the plan is within the count."""
+    from planner.pool_plan import KindPack, PoolPlanner, plan_pool
+
+    monkeypatch.setattr(PoolPlanner, "confirm", lambda self, pack: pack)
+    free = plan_pool(_planner(tmp_path)).chosen
+    cpu = next(p.gpus for p in free.packs if p.kind.name == "cpu")
+    formed = []
+    mixes = PoolPlanner.mixes
+    monkeypatch.setattr(PoolPlanner, "mixes", lambda self, *a: formed.append(mixes(self, *a)) or formed[-1])
+    monkeypatch.setattr(PoolPlanner, "confirm", lambda self, pack: KindPack(
+        pack.kind, pack.members, pack.req, pack.groups + pack.groups[-1:] if pack.kind.name == "cpu" else pack.groups))
+    planner = _planner(tmp_path, cpu_count=cpu)
+    chosen = plan_pool(planner).chosen
+    assert planner.slack == {"cpu": 1} and len(formed) == 2
+    cpu_packed = [[p.gpus for p in m.packs if p.kind.name == "cpu"] for m in formed[1]]
+    assert cpu_packed and all(g <= [cpu - 1] for g in cpu_packed)
+    assert not chosen.over_count()
