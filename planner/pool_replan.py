@@ -59,7 +59,7 @@ def replan_pool(previous: Placement, workload_path, workload: Workload, opts: Pl
         if progress:
             progress(f"kind {kind.name}: re-planning {len(members):,} adapters on {len(part.instances)} GPU(s)")
         new = replan(part, workload_path, req, split_hot=split_hot, confirm=opts.confirm, run=opts.run, bar=bar,
-                     budget=left, progress=progress, id_prefix=instance_prefix(kind))
+                     budget=left, progress=progress, id_prefix=instance_prefix(kind), with_bound=False)
         ch = new.changes
         restarts.update({i["instance_id"]: i["restart_because"] for i in ch["instances"] if i["restart"]})
         reasons.update({m["adapter_id"]: m["reason"] for m in ch["moves"]})

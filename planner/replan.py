@@ -574,11 +574,13 @@ def materially_changed(before: dict[str, float], after: dict[str, float], thresh
 
 def replan(previous: Placement, workload_path, req: PackRequest, split_hot: bool = True, confirm: bool = False,
            run: TwinRun = DEFAULT_RUN, bar: ServiceBar = DEFAULT_BAR, budget: ChurnBudget = ChurnBudget(),
-           progress: Progress | None = None, id_prefix: str = "gpu-") -> Placement:
+           progress: Progress | None = None, id_prefix: str = "gpu-", with_bound: bool = True) -> Placement:
     """Re-plan ``req``'s workload from ``previous`` (module docstring); with ``confirm`` every GPU is judged in
-    the twin, else by the request's predictor. New instances are named ``id_prefix`` and a number."""
+    the twin, else by the request's predictor. New instances are named ``id_prefix`` and a number. With
+    ``with_bound`` the lower bound is worked out beside it (``inputs.lower_bound``; a pool re-plan, one
+    re-plan per kind, records none, as a pool plan)."""
     judge = _Judge(req, run, bar, confirm)
-    bound = lower_bound(req, bar, run.jobs)  # beside the re-plan, in the twin's workers
+    bound = lower_bound(req, bar, run.jobs) if with_bound else None  # beside the re-plan, in the twin's workers
     work = _Replan(previous, req, judge, budget, split_hot, progress)
     for s in work.slots:  # a previous engine whose settings no longer start (a new profile) must restart
         if req.kv.tokens_for(s.a_max, s.max_lora_rank) is None or int(req.ranks[list(s.shares)].max()) > s.max_lora_rank:
@@ -602,8 +604,8 @@ def replan(previous: Placement, workload_path, req: PackRequest, split_hot: bool
     if len(work.slots) > req.max_gpus:
         raise InfeasibleError(f"the re-plan needs {len(work.slots)} GPUs, more than the "
                               f"{req.max_gpus} allowed by --gpus")
-    placement = _placement(previous, workload_path, req, work, len(fresh), bar if confirm else None, bound(),
-                           id_prefix)
+    placement = _placement(previous, workload_path, req, work, len(fresh), bar if confirm else None,
+                           bound and bound(), id_prefix)
     failing = [i.instance_id for i in placement.instances if not i.ok]
     if confirm and failing:  # every step above keeps only GPUs the twin passed: this is a bug's safety net
         raise InfeasibleError(f"the re-plan has {len(failing)} GPU(s) that fail in the twin "
@@ -612,7 +614,7 @@ def replan(previous: Placement, workload_path, req: PackRequest, split_hot: bool
 
 
 def _placement(previous: Placement, workload_path, req: PackRequest, work: _Replan, fresh_gpus: int,
-               bar: ServiceBar | None, bound: LowerBound, id_prefix: str) -> Placement:
+               bar: ServiceBar | None, bound: LowerBound | None, id_prefix: str) -> Placement:
     slots = sorted(work.slots, key=lambda s: s.prev is None)  # previous GPUs first
     instances = build_instances(req, [s.group for s in slots], twin=[s.row for s in slots] if bar is not None else None)
     for inst, s in zip(instances, slots):  # kept GPUs keep their ids and, without a restart, their engine
@@ -630,7 +632,8 @@ def _placement(previous: Placement, workload_path, req: PackRequest, work: _Repl
                                   "worst_served": min((i.twin["served"] for i in instances if i.twin), default=None),
                                   "worst_ttft_ms_p99": max((i.twin["ttft_ms_p99"] or 0 for i in instances if i.twin),
                                                            default=None)}
-    inputs["lower_bound"] = bound.to_dict()
+    if bound is not None:
+        inputs["lower_bound"] = bound.to_dict()
     placement = Placement(inputs, instances, adapter_rows(req), engine_settings(req.profile))
     restart_reasons = {s.prev.instance_id: s.restart for s in work.slots if s.restart and s.prev is not None}
     restart_reasons.update(reused)

@@ -136,7 +136,13 @@ def test_an_instance_of_a_kind_the_pool_lacks_is_refused_on_read(mixed, tmp_path
     assert res.exit_code == 2 and "its kind a100 is not one of the pool's kinds" in res.output
 
 
-def test_replan_of_the_same_workload_changes_nothing(mixed, tmp_path):
+def test_replan_of_the_same_workload_changes_nothing(mixed, tmp_path, monkeypatch):
+    import planner.replan
+
+    def no_bound(*_a):
+        raise AssertionError("a pool re-plan records no lower bound: none is worked out")
+
+    monkeypatch.setattr(planner.replan, "lower_bound", no_bound)
     d, p, _doc = mixed
     res = CliRunner().invoke(main, ["replan", WL, "--previous", str(d / "plan.json"), "--out", str(tmp_path / "re.json")])
     assert res.exit_code == 0, res.output
@@ -144,6 +150,7 @@ def test_replan_of_the_same_workload_changes_nothing(mixed, tmp_path):
     assert [(i.instance_id, i.kind, i.a_max, i.adapters) for i in re.instances] == \
         [(i.instance_id, i.kind, i.a_max, i.adapters) for i in p.instances]
     assert not re.changes["moved_adapters"] and not re.changes["new_instances"] and not re.changes["restarts"]
+    assert "lower_bound" not in re.inputs
 
 
 def test_replan_keeps_adapters_on_their_kind_and_places_new_ones(mixed, tmp_path):

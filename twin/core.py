@@ -22,9 +22,9 @@ batch; a miss pays the adapter's load latency inside the step (serially, as vLLM
 Fast steps (:mod:`twin.steady_decode`): while every running request is scheduled in full (the last one
 possibly cut by the budget) and granted its blocks, the requests that only decode advance implicitly, so a
 step costs O(requests that arrive, prefill or finish) rather than O(batch) (2.4x on a light simulated hour).
-A step where that does not hold runs the explicit loop below; after it the loop waits 1, 2, 4 ... 64
-explicit steps before trying again, so deep overload pays next to nothing for the check. A trace keeps the
-loop explicit. Results are identical either way (tests/test_twin_steady_decode.py).
+A step where that does not hold runs the explicit RUNNING and WAITING loops; after it the loop waits 1, 2,
+4 ... 64 explicit steps before trying again, so deep overload pays next to nothing for the check. A trace
+keeps the loop explicit. Results are identical either way (tests/test_twin_steady_decode.py).
 
 Phases. :func:`simulate_core` allocates the loop's state, grouped as named tuples of arrays (:class:`Engine`,
 :class:`Requests`, ``stock_queue.Queues``, :class:`Slots`, :class:`Batch`, :class:`Steady`), and hands it to
