@@ -63,7 +63,7 @@ class InstancePlan:
 class Placement:
     inputs: dict[str, Any]
     instances: list[InstancePlan]
-    adapters: list[dict[str, Any]]  # adapter_id, rank, rate_rps, input_tokens, output_tokens, path
+    adapters: list[dict[str, Any]]  # adapter_id, rank, rate_rps, input_tokens, output_tokens, path[, own SLO]
     engine: dict[str, Any]  # the profile's engine settings every instance shares
     changes: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -217,10 +217,11 @@ def build_instances(req: PackRequest, groups: list[GpuGroup], first_index: int =
 
 
 def adapter_rows(req: PackRequest) -> list[dict[str, Any]]:
+    """One row per workload adapter; its own latency SLO only where it sets one (``verify`` judges by it)."""
     return [
         {"adapter_id": a.adapter_id, "rank": a.rank, "rate_rps": a.rate_rps,
          "input_tokens": float(req.input_tokens[i]), "output_tokens": float(req.output_tokens[i]),
-         "path": a.path}
+         "path": a.path, **{k: v for k in ("max_ttft_s", "max_tpot_ms") if (v := getattr(a, k)) is not None}}
         for i, a in enumerate(req.workload.adapters)
     ]
 

@@ -102,6 +102,8 @@ class AdapterRow(_Closed):
     input_tokens: Annotated[float, Field(ge=1, le=1e7, allow_inf_nan=False)]
     output_tokens: Annotated[float, Field(ge=1, le=1e7, allow_inf_nan=False)]
     path: Annotated[str, Field(max_length=4096, pattern=r"^[^\x00-\x1f\x7f]*$")] | None = None
+    max_ttft_s: Annotated[float, Field(gt=0, le=3600, allow_inf_nan=False)] | None = None  # its own SLO, if any
+    max_tpot_ms: Annotated[float, Field(gt=0, le=60000, allow_inf_nan=False)] | None = None
 
     _id = field_validator("adapter_id")(_check_id)
 

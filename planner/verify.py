@@ -35,7 +35,7 @@ import numpy as np
 
 from planner.evaluate import plan_bar
 from planner.placement import InstancePlan, Placement
-from planner.verdict import ServiceBar, TwinCheck, judging_bounds
+from planner.verdict import ServiceBar, TwinCheck, group_limits, judging_bounds
 from twin.atomic import json_safe, write_json_atomic
 from twin.errors import BadInputError, printable
 from twin.profile import Profile
@@ -100,12 +100,15 @@ class GpuSlo:
     max_tpot_ms: float | None
 
     @classmethod
-    def of(cls, bar: ServiceBar, inst: InstancePlan) -> GpuSlo:
-        """``inst``'s limits as its twin verdict recorded them, else ``bar``'s (a plan made with --no-confirm records
-        none per GPU, so its adapters' own are not known)."""
+    def of(cls, bar: ServiceBar, inst: InstancePlan, p: Placement) -> GpuSlo:
+        """``inst``'s limits as its twin verdict recorded them, else (a plan made with --no-confirm records none per
+        GPU) the strictest of ``bar``'s and its adapters' own in ``p``'s adapter rows."""
         if inst.twin is not None:
             return cls(bar.min_served, inst.twin["max_ttft_ms"], inst.twin["max_tpot_ms"])
-        return cls(bar.min_served, None if bar.max_ttft_s is None else bar.max_ttft_s * 1000.0, bar.max_tpot_ms)
+        rows = {a["adapter_id"]: a for a in p.adapters}
+        own = [[rows[aid].get(k) or math.nan for aid in inst.adapters] for k in ("max_ttft_s", "max_tpot_ms")]
+        ttft, tpot = group_limits(bar, np.array(own[0], float), np.array(own[1], float))
+        return cls(bar.min_served, None if math.isinf(ttft) else ttft, None if math.isinf(tpot) else tpot)
 
     def misses(self, f: Figures) -> list[str]:
         """What ``f`` misses, in the verdict's words (TwinCheck.misses; NaN is no miss), with no judging run's
@@ -266,7 +269,7 @@ def verify_instance(p: Placement, k: int, profile: Profile, bar: ServiceBar,
     with Engine(config, s.work_dir / f"{inst.instance_id}.log") as engine:
         start = engine.start()
         out = InstanceVerification(inst.instance_id, start.status, start.message, start.startup_s,
-                                   list(inst.adapters), inst.a_max, GpuSlo.of(bar, inst), Figures.planned(inst))
+                                   list(inst.adapters), inst.a_max, GpuSlo.of(bar, inst, p), Figures.planned(inst))
         if not start.ok:
             write_json_atomic(saved, out.to_dict())
             return out
@@ -324,7 +327,7 @@ def rejudge_placement(p: Placement, profile: Profile, work_dir: Path) -> list[In
         try:
             d = json.loads(saved.read_text(encoding="utf-8"))
             same = d["adapters"] == list(inst.adapters) and d["a_max"] == inst.a_max
-            result = InstanceVerification.from_dict(d, GpuSlo.of(bar, inst), Figures.planned(inst))
+            result = InstanceVerification.from_dict(d, GpuSlo.of(bar, inst, p), Figures.planned(inst))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise BadInputError(f"{saved}: no result of an earlier verify run to judge ({exc})") from None
         if not same:

@@ -88,9 +88,12 @@ def test_each_gpu_is_judged_by_the_plans_slo_and_its_adapters_limits_without_mar
     bar = real_bar(p, profile)
     assert bar.slowdown == 1.0 and p.inputs["confirmation"]["slowdown"] > 1.0
     (inst,) = p.instances
-    assert GpuSlo.of(bar, inst) == GpuSlo(0.95, 1000.0, 200.0)  # support-bot's 1 s tightens the plan's 2 s
-    inst.twin = None  # a plan made with --no-confirm records no limit per GPU: the plan's SLO
-    assert GpuSlo.of(bar, inst) == GpuSlo(0.95, 2000.0, 200.0)
+    assert GpuSlo.of(bar, inst, p) == GpuSlo(0.95, 1000.0, 200.0)  # support-bot's 1 s tightens the plan's 2 s
+    inst.twin = None  # as a plan made with --no-confirm: no limit per GPU, the adapters' own from their rows
+    assert GpuSlo.of(bar, inst, p) == GpuSlo(0.95, 1000.0, 200.0)
+    assert [a.get("max_ttft_s") for a in p.adapters if a["adapter_id"] == "support-bot"] == [1.0]
+    p.adapters = [{k: v for k, v in a.items() if k != "max_ttft_s"} for a in p.adapters]  # none sets its own
+    assert GpuSlo.of(bar, inst, p) == GpuSlo(0.95, 2000.0, 200.0)
     assert math.isnan(Figures.planned(inst).ttft_ms_p99)
 
 
