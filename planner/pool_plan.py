@@ -215,10 +215,11 @@ class PoolPlanner:
             over = PoolChoice(packs, None).over_count(self.room)
             if not over:
                 break
+            full = [self._full(k, packs) for k in kinds]
             for p in over:
                 j = kinds.index(p.kind)
                 alt = np.array([next((int(k) for k in order[:, i] if k != j and np.isfinite(prices[k, i])
-                                      and not self._full(kinds[k], packs)), -1) for i in p.members])
+                                      and not full[k]), -1) for i in p.members])
                 here = prices[j, p.members]
                 regret = np.where(alt >= 0, prices[np.maximum(alt, 0), p.members] / here, np.inf)
                 movable = np.flatnonzero(np.isfinite(regret))
@@ -287,10 +288,11 @@ class PoolPlanner:
         ``bound`` or more is not filled: the mix would cost more than that however it were filled."""
         for j, kind in enumerate(self.pool.kinds):
             mine = choice == j
+            mine_idx = np.flatnonzero(mine)
             others = np.flatnonzero(~mine & self.servable[kind.name])
-            if not mine.any() or not len(others) or self.pack(kind, np.flatnonzero(mine)).cost >= bound:
+            if not len(mine_idx) or not len(others) or self.pack(kind, mine_idx).cost >= bound:
                 continue
-            gpus = self.pack(kind, np.flatnonzero(mine)).gpus
+            gpus = self.pack(kind, mine_idx).gpus
             others = others[np.argsort(prices[j, others] / prices[choice[others], others], kind="stable")]
             # First guess: the others whose price shares here add up to the room left on its GPUs.
             spare = gpus * kind.price - prices[j, mine].sum()
@@ -299,7 +301,7 @@ class PoolPlanner:
             for _ in range(TWIN_FILL_PROBES if self.twin_packed(kind) else FILL_PROBES):
                 if lo >= hi:
                     break
-                if self.pack(kind, np.union1d(np.flatnonzero(mine), others[:mid])).gpus <= gpus:
+                if self.pack(kind, np.union1d(mine_idx, others[:mid])).gpus <= gpus:
                     lo = mid
                 else:
                     hi = mid - 1

@@ -605,7 +605,7 @@ def replan(previous: Placement, workload_path, req: PackRequest, split_hot: bool
         raise InfeasibleError(f"the re-plan needs {len(work.slots)} GPUs, more than the "
                               f"{req.max_gpus} allowed by --gpus")
     placement = _placement(previous, workload_path, req, work, len(fresh), bar if confirm else None,
-                           bound and bound(), id_prefix)
+                           None if bound is None else bound(), id_prefix)
     failing = [i.instance_id for i in placement.instances if not i.ok]
     if confirm and failing:  # every step above keeps only GPUs the twin passed: this is a bug's safety net
         raise InfeasibleError(f"the re-plan has {len(failing)} GPU(s) that fail in the twin "
