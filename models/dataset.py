@@ -108,9 +108,11 @@ class GridSpec:
         return grid
 
     @classmethod
-    def load(cls, name_or_path: str, duration_s: float | None = None) -> GridSpec | FleetGrid:
+    def load(cls, name_or_path: str, duration_s: float | None = None,
+             length_scale: tuple[float, float] | None = None) -> GridSpec | FleetGrid:
         """``paper``, ``small``, ``fleet`` or a JSON file with the fields of this class (or, with
-        ``"kind": "fleet"``, of :class:`models.fleet_grid.FleetGrid`)."""
+        ``"kind": "fleet"``, of :class:`models.fleet_grid.FleetGrid`); ``duration_s`` and ``length_scale``
+        replace the grid's."""
         if name_or_path == "fleet":
             grid = FleetGrid()
         elif name_or_path in ("paper", "small"):
@@ -125,6 +127,9 @@ class GridSpec:
             grid = kind.from_dict({"name": path.stem, **raw}, where=str(path))
         if duration_s is not None:
             grid = type(grid)(**{**asdict(grid), "duration_s": float(duration_s)})
+        if length_scale is not None:
+            grid = type(grid)(**{**asdict(grid), "length_scale": tuple(float(x) for x in length_scale)})
+            grid.validate("--length-scale")
         return grid
 
     def validate(self, where: str = "grid") -> None:

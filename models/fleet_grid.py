@@ -62,9 +62,10 @@ class FleetGrid:
         bad = [f for f in self.families if f not in FAMILIES]
         if bad or not self.families:
             raise BadInputError(f"{where}: families must name some of {', '.join(FAMILIES)} (got {bad or 'none'})")
-        lo, hi = self.load_range
-        if not 0 < lo <= hi:
-            raise BadInputError(f"{where}: load_range must be [lo, hi] with 0 < lo <= hi")
+        for name in ("load_range", "length_scale"):
+            lo, hi = getattr(self, name)
+            if not 0 < lo <= hi < float("inf"):
+                raise BadInputError(f"{where}: {name} must be [lo, hi] with 0 < lo <= hi")
         if min(self.scenarios, self.adapters_per_workload, self.max_served) < 1 or not self.duration_s > 0:
             raise BadInputError(f"{where}: scenarios, adapters_per_workload, max_served and duration_s must be > 0")
 

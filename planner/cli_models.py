@@ -43,6 +43,11 @@ def dataset() -> None:
 @click.option("--out", type=click.Path(dir_okay=False), required=True, help="Output parquet file.")
 @click.option("--duration", type=FiniteFloat(min=0, min_open=True), default=None,
               help="Simulated seconds per scenario [grid's: paper 3600, small 600].")
+@click.option("--length-scale", type=(FiniteFloat(min=0, min_open=True), FiniteFloat(min=0, min_open=True)),
+              default=None, metavar="LO HI",
+              help="Draw each scenario's mean prompt and output lengths log-uniformly in [LO, HI] x the profile's "
+                   "defaults [grid's: 0.5 2]. Widen it where the profile's defaults are far from the lengths "
+                   "fleets send (a surrogate cannot answer for lengths its dataset never saw).")
 @click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True, help="Local worker processes.")
 @click.option("--backend", type=click.Choice(["local", "ray"]), default="local", show_default=True)
 @click.option("--address", default=None, help="Ray cluster address (with --backend ray), e.g. 'auto'.")
@@ -55,8 +60,8 @@ def dataset() -> None:
 @policy_options()
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
 @user_errors
-def build(profile_id, grid, out, duration, jobs, backend, address, limit, max_in_flight, policy, policy_params,
-          as_json) -> None:
+def build(profile_id, grid, out, duration, length_scale, jobs, backend, address, limit, max_in_flight, policy,
+          policy_params, as_json) -> None:
     """Run the twin over a scenario grid and write one parquet row per scenario.
 
     Each row holds the scenario spec (per-adapter ranks and rates, A_max, mean lengths, duration,
@@ -71,7 +76,7 @@ def build(profile_id, grid, out, duration, jobs, backend, address, limit, max_in
     from twin import load_profile
 
     profile = load_profile(profile_id)
-    spec = GridSpec.load(grid, duration)
+    spec = GridSpec.load(grid, duration, length_scale)
     if max_in_flight is not None:
         spec = GridSpec.from_dict({**spec.to_dict(), "max_in_flight": max_in_flight}, where="--max-in-flight")
     res = build_dataset(profile, spec, out, jobs=jobs, backend=backend, address=address, limit=limit,

@@ -93,6 +93,33 @@ def test_cli_build_with_a_grid_file_and_bad_grids(tmp_path):
     assert res.exit_code == 2 and "unknown grid keys" in res.output
 
 
+def test_length_scale_widens_the_lengths_drawn_and_is_recorded(tmp_path):
+    """--length-scale replaces the grid's range (both kinds of grid); the dataset's metadata records it, so the
+    rows rebuild; a reversed range is refused before any scenario runs."""
+    from models.fleet_grid import FleetGrid
+
+    prof = load_profile(LLAMA)
+    for name in ("fleet", "small"):
+        grid = GridSpec.load(name, length_scale=(4.0, 8.0))
+        assert grid.length_scale == (4.0, 8.0) and isinstance(grid, FleetGrid) == (name == "fleet")
+        own = [sid for sid in range(30) if name == "fleet" and grid.families[sid % len(grid.families)] == "mixed-lengths"]
+        outs = [grid.spec(prof, sid, pt)["output_tokens"] for sid, pt in enumerate(grid.points()[:30]) if sid not in own]
+        assert min(outs) > 2.0 * prof.default_output_tokens  # the default range [0.5, 2] never reaches it
+    grid = tmp_path / "grid.json"
+    grid.write_text(json.dumps(TINY))
+    out = tmp_path / "d.parquet"
+    res = CliRunner().invoke(main, ["dataset", "build", "--profile", LLAMA, "--grid", str(grid), "--out", str(out),
+                                    "--length-scale", "3", "5", "--json"])
+    assert res.exit_code == 0, res.output
+    meta = json.loads(pq.read_schema(out).metadata[b"lora_planner"])
+    assert meta["grid"]["length_scale"] == [3.0, 5.0]
+    lo, hi = 3.0 * prof.default_input_tokens, 5.0 * prof.default_input_tokens
+    assert all(lo <= x <= hi for x in pq.read_table(out).column("input_tokens").to_pylist())
+    res = CliRunner().invoke(main, ["dataset", "build", "--profile", LLAMA, "--grid", "fleet",
+                                    "--out", str(tmp_path / "f.parquet"), "--length-scale", "2", "1"])
+    assert res.exit_code == 2 and "length_scale" in res.output and not (tmp_path / "f.parquet").exists()
+
+
 def test_sigterm_stops_cleanly_and_keeps_the_rows(tmp_path):
     import os
     import signal
