@@ -108,11 +108,11 @@ class GridSpec:
         return grid
 
     @classmethod
-    def load(cls, name_or_path: str, duration_s: float | None = None,
-             length_scale: tuple[float, float] | None = None) -> GridSpec | FleetGrid:
+    def load(cls, name_or_path: str, duration_s: float | None = None, length_scale: tuple[float, float] | None = None,
+             max_in_flight: int | None = None) -> GridSpec | FleetGrid:
         """``paper``, ``small``, ``fleet`` or a JSON file with the fields of this class (or, with
-        ``"kind": "fleet"``, of :class:`models.fleet_grid.FleetGrid`); ``duration_s`` and ``length_scale``
-        replace the grid's."""
+        ``"kind": "fleet"``, of :class:`models.fleet_grid.FleetGrid`); the other arguments, where given, replace
+        the grid's fields of the same name (the command line's options)."""
         if name_or_path == "fleet":
             grid = FleetGrid()
         elif name_or_path in ("paper", "small"):
@@ -125,11 +125,11 @@ class GridSpec:
                 raise BadInputError(f"--grid {name_or_path}: not 'paper', 'small' or a readable JSON file ({exc})") from None
             kind = FleetGrid if isinstance(raw, dict) and raw.get("kind") == "fleet" else cls
             grid = kind.from_dict({"name": path.stem, **raw}, where=str(path))
-        if duration_s is not None:
-            grid = type(grid)(**{**asdict(grid), "duration_s": float(duration_s)})
-        if length_scale is not None:
-            grid = type(grid)(**{**asdict(grid), "length_scale": tuple(float(x) for x in length_scale)})
-            grid.validate("--length-scale")
+        given = {"duration_s": None if duration_s is None else float(duration_s), "length_scale": length_scale,
+                 "max_in_flight": max_in_flight}
+        for key, value in given.items():
+            if value is not None:
+                grid = type(grid).from_dict({**grid.to_dict(), key: value}, where="--" + key.removesuffix("_s").replace("_", "-"))
         return grid
 
     def validate(self, where: str = "grid") -> None:

@@ -76,9 +76,7 @@ def build(profile_id, grid, out, duration, length_scale, jobs, backend, address,
     from twin import load_profile
 
     profile = load_profile(profile_id)
-    spec = GridSpec.load(grid, duration, length_scale)
-    if max_in_flight is not None:
-        spec = GridSpec.from_dict({**spec.to_dict(), "max_in_flight": max_in_flight}, where="--max-in-flight")
+    spec = GridSpec.load(grid, duration, length_scale, max_in_flight)
     res = build_dataset(profile, spec, out, jobs=jobs, backend=backend, address=address, limit=limit,
                         progress=not as_json, policy=policy_from_cli(policy, policy_params))
     summary = {"out": str(res.out), "grid_scenarios": res.total, "rows": res.done, "new_rows": res.new_rows,

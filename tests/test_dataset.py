@@ -94,11 +94,13 @@ def test_cli_build_with_a_grid_file_and_bad_grids(tmp_path):
 
 
 def test_length_scale_widens_the_lengths_drawn_and_is_recorded(tmp_path):
-    """--length-scale replaces the grid's range (both kinds of grid); the dataset's metadata records it, so the
-    rows rebuild; a reversed range is refused before any scenario runs."""
+    """--length-scale replaces the grid's range (both kinds of grid, as --duration and --max-in-flight do); the
+    dataset's metadata records it, so the rows rebuild; a reversed range is refused before any scenario runs."""
     from models.fleet_grid import FleetGrid
 
     prof = load_profile(LLAMA)
+    fleet = GridSpec.load("fleet", 600, (1.0, 3.0), 100)
+    assert isinstance(fleet, FleetGrid) and (fleet.duration_s, fleet.length_scale, fleet.max_in_flight) == (600.0, (1.0, 3.0), 100)
     for name in ("fleet", "small"):
         grid = GridSpec.load(name, length_scale=(4.0, 8.0))
         assert grid.length_scale == (4.0, 8.0) and isinstance(grid, FleetGrid) == (name == "fleet")
