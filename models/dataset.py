@@ -125,11 +125,11 @@ class GridSpec:
                 raise BadInputError(f"--grid {name_or_path}: not 'paper', 'small' or a readable JSON file ({exc})") from None
             kind = FleetGrid if isinstance(raw, dict) and raw.get("kind") == "fleet" else cls
             grid = kind.from_dict({"name": path.stem, **raw}, where=str(path))
-        given = {"duration_s": None if duration_s is None else float(duration_s), "length_scale": length_scale,
-                 "max_in_flight": max_in_flight}
-        for key, value in given.items():
+        for option, key, value in (("--duration", "duration_s", None if duration_s is None else float(duration_s)),
+                                   ("--length-scale", "length_scale", length_scale),
+                                   ("--max-in-flight", "max_in_flight", max_in_flight)):
             if value is not None:
-                grid = type(grid).from_dict({**grid.to_dict(), key: value}, where="--" + key.removesuffix("_s").replace("_", "-"))
+                grid = type(grid).from_dict({**grid.to_dict(), key: value}, where=option)
         return grid
 
     def validate(self, where: str = "grid") -> None:
