@@ -4,7 +4,8 @@ How (``make_pool_plan``):
 
 1. Every kind packs the adapters it can serve (their rank within its profile, their requests within its
    context), as the greedy packer does before the twin judges (fast with a surrogate; a kind without one is
-   packed by the twin in shorter, one-seed runs: :data:`ESTIMATE_RUN`). Each of its GPUs' price is shared
+   packed by the twin in shorter, one-seed runs, :data:`ESTIMATE_RUN`, and balanced only where it prices
+   adapters: :meth:`PoolPlanner.pack`). Each of its GPUs' price is shared
    among the GPU's adapters, half by their tokens and half evenly, so a busy adapter pays for the throughput
    it takes and an idle one for the slot it holds: the price of an adapter on that kind.
 2. The mixes: each adapter on the kind where that price is lowest, a kind over its ``count`` giving up the
@@ -14,8 +15,10 @@ How (``make_pool_plan``):
    ``planner plan`` judges a plan: every GPU in the twin on its kind's profile and margin, repacked until
    all pass (a kind the twin packs is packed again by the twin of the judging runs), until no option left
    could beat the cheapest judged one, which is the plan. An option's kinds with a surrogate are judged first,
-   and it is dropped once those and its other kinds' packings cost as much as the best judged. A mix that
-   judging took over a kind's count is formed again with that many GPUs of room kept on the kind
+   and it is dropped once those and its other kinds' packings cost as much as the best judged. A mix is passed
+   over, too, where its twin-packed kinds' GPUs, scaled by how many more the judging runs took than the
+   estimate where that kind was judged serving everything alone, make it cost as much as the best judged. A mix
+   that judging took over a kind's count is formed again with that many GPUs of room kept on the kind
    (:data:`RETRIMS` times at most).
 
 Request lengths come from the pool's first kind for adapters without their own, so every kind is asked about
@@ -116,10 +119,13 @@ class PoolPlanner:
             raise BadInputError(f"adapter {a.adapter_id} (rank {a.rank}, requests of {self.ins[nobody][0]:g} + "
                                 f"{self.outs[nobody][0]:g} tokens) cannot be served by any kind of the pool "
                                 f"({', '.join(k.name for k in pool.kinds)}): add a kind whose profile serves it")
-        self._packed: dict[tuple[str, bytes], KindPack] = {}
+        self._packed: dict[tuple[str, bytes, bool], KindPack] = {}
         #: Per kind with a count: GPUs its judging added to a mix's packing that then came out over the count;
         #: mixes formed later keep that much room (:meth:`room`).
         self.slack: dict[str, int] = {}
+        #: Per kind the twin packs, once it was judged serving every adapter alone: its judged GPUs over the GPUs
+        #: of its estimate (:data:`ESTIMATE_RUN`'s shorter runs pack a little tighter than the judging runs).
+        self.estimate_shortfall: dict[str, float] = {}
 
     def whole_request(self) -> PackRequest:
         """Every adapter with the lengths every kind is asked about, on the reference kind (what the placement's
@@ -158,12 +164,16 @@ class PoolPlanner:
         run = replace(opts.run, **ESTIMATE_RUN)
         return replace(req, predictor=run.predictor(kind.profile, None, bar.slowdown, bar.min_served))
 
-    def pack(self, kind: Kind, members: np.ndarray) -> KindPack:
-        """The kind's packing of ``members`` without the twin's verdict (cached: packings are deterministic)."""
-        key = (kind.name, members.tobytes())
+    def pack(self, kind: Kind, members: np.ndarray, priced: bool = False) -> KindPack:
+        """The kind's packing of ``members`` without the twin's verdict (cached: packings are deterministic).
+        A kind the twin packs is balanced only where its adapters are ``priced`` from the packing: elsewhere only
+        its GPU count is used (the twin packs it again when judging), and balancing, which keeps the count,
+        is most of the twin's packing work."""
+        balance = self.opts.balance and (priced or not self.twin_packed(kind))
+        key = (kind.name, members.tobytes(), balance)
         if key not in self._packed:
             req = self.request(kind, members)
-            self._packed[key] = KindPack(kind, members, req, run_algorithm(req, self.opts))
+            self._packed[key] = KindPack(kind, members, req, run_algorithm(req, replace(self.opts, balance=balance)))
         return self._packed[key]
 
     def confirm(self, pack: KindPack) -> KindPack:
@@ -185,6 +195,17 @@ class PoolPlanner:
                 return None
             judged[i] = self.confirm(option.packs[i])
         return PoolChoice([judged[i] for i in range(len(option.packs))], option.single)
+
+    def learn_shortfall(self, estimated: PoolChoice, judged: PoolChoice) -> None:
+        """Note how many more GPUs judging took than a twin-packed single kind's estimate (:meth:`expected_cost`)."""
+        if estimated.single is not None and self.twin_packed(estimated.packs[0].kind):
+            self.estimate_shortfall[estimated.single] = judged.packs[0].gpus / estimated.packs[0].gpus
+
+    def expected_cost(self, option: PoolChoice) -> float:
+        """What ``option`` is expected to cost judged: each kind the twin packs that many more GPUs than its
+        estimate as judging its whole share alone took (:attr:`estimate_shortfall`); the others as packed."""
+        return sum(np.ceil(p.gpus * self.estimate_shortfall.get(p.kind.name, 1.0) - 1e-9) * p.kind.price
+                   for p in option.packs)
 
     def adapter_prices(self, pack: KindPack) -> np.ndarray:
         """Per workload adapter, its share of the price of the GPUs ``pack`` put it on (inf: not in it)."""
@@ -338,7 +359,7 @@ def plan_pool(planner: PoolPlanner) -> PoolOutcome:
             continue
         planner.say(f"kind {k.name}: packing the {len(members):,} adapters it can serve"
                      + ("" if planner.predictors[k.name].kind != "twin" else " with the twin (no surrogate ships)"))
-        pack = planner.pack(k, members)
+        pack = planner.pack(k, members, priced=True)
         prices[j] = planner.adapter_prices(pack)
         if len(members) < n:
             row["why_not"] = f"cannot serve {n - len(members):,} of the adapters (rank or request length)"
@@ -362,9 +383,12 @@ def plan_pool(planner: PoolPlanner) -> PoolOutcome:
         option = pending.pop(0)
         if best is not None and option.cost >= best.cost:
             break  # judging only adds GPUs to a packing: none left can beat the best judged
+        if best is not None and planner.expected_cost(option) >= best.cost:
+            continue  # as its twin-packed kinds judged alone show, it would not be cheaper either
         judged = planner.judge(option, np.inf if best is None else best.cost)
         if judged is None:
             continue
+        planner.learn_shortfall(option, judged)
         _record_single(singles, judged)
         over = judged.over_count()
         if not over and (best is None or judged.cost < best.cost):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -237,3 +238,68 @@ def test_a_mix_that_judging_takes_over_a_count_is_formed_again_with_room_kept(tm
     cpu_packed = [[p.gpus for p in m.packs if p.kind.name == "cpu"] for m in formed[1]]
     assert cpu_packed and all(g <= [cpu - 1] for g in cpu_packed)
     assert not chosen.over_count()
+
+
+def test_a_mix_the_twin_packed_kinds_judged_alone_show_no_cheaper_is_not_judged(tmp_path, monkeypatch):
+    """Judging adds a GPU to every packing of a twin-packed kind: once a kind's packing of every adapter came out
+    a GPU over its estimate, a mix whose estimate is cheaper than that only by less than that shortfall is not
+    judged (it is, with the shortfall left out), and the plan is the same."""
+    from planner.cli_plan import load_predictor_for
+    from planner.plan import PlanOptions
+    from planner.pool import read_pool
+    from planner.pool_plan import KindPack, PoolChoice, PoolPlanner, plan_pool
+    from planner.workload_csv import read_workload
+    from twin.workload import Workload
+
+    wl = Workload(tuple(a for a in read_workload(WL).adapters if a.rank <= 16))  # both kinds serve every one
+    (tmp_path / "pool.yaml").write_text("kinds:\n" + "".join(
+        f"  - {{name: {n}, profile: {CPU}, price_per_hour: {p}}}\n" for n, p in (("cpu-a", 0.01), ("cpu-b", 0.015))))
+    judged = []
+    monkeypatch.setattr(PoolPlanner, "confirm", lambda self, pack: judged.append(pack.kind.name) or KindPack(
+        pack.kind, pack.members, pack.req, pack.groups + pack.groups[-1:]))
+
+    def mix(self, prices, bound=np.inf):  # a GPU's worth fewer adapters on cpu-a, those on one GPU of cpu-b
+        a, b = self.pool.kinds
+        n = len(wl)
+        alone = self.pack(a, np.arange(n)).gpus
+        k = next(k for k in range(1, n) if self.pack(a, np.arange(n - k)).gpus < alone)
+        return [PoolChoice([self.pack(a, np.arange(n - k)), self.pack(b, np.arange(n - k, n))], None)]
+
+    monkeypatch.setattr(PoolPlanner, "mixes", mix)
+    outcomes = []
+    for shortfall in (True, False):
+        if not shortfall:
+            monkeypatch.setattr(PoolPlanner, "expected_cost", lambda self, option: option.cost)
+        judged.clear()
+        planner = PoolPlanner(wl, read_pool(tmp_path / "pool.yaml"), lambda p: load_predictor_for(p, "auto"),
+                              PlanOptions(), None)
+        outcomes.append((plan_pool(planner).chosen, list(judged)))
+    (chosen, with_shortfall), (same, without) = outcomes
+    alone = chosen.packs[0].gpus
+    assert chosen.single == same.single == "cpu-a" and same.packs[0].gpus == alone
+    assert planner.estimate_shortfall == {"cpu-a": alone / (alone - 1)}
+    assert with_shortfall == ["cpu-a"] and without == ["cpu-a", "cpu-a"]  # the mix's cpu-a part: a GPU more too
+
+
+def test_a_twin_packed_kind_balances_only_the_packing_that_prices_its_adapters(tmp_path, monkeypatch):
+    """Its other packings serve only for their GPU count, which balancing keeps: the mixes formed and the plan
+    are those of balancing every packing."""
+    from planner.pool_plan import PoolPlanner, plan_pool
+
+    monkeypatch.setattr(PoolPlanner, "confirm", lambda self, pack: pack)
+    formed = []
+    mixes = PoolPlanner.mixes
+    monkeypatch.setattr(PoolPlanner, "mixes", lambda self, *a: formed.append(mixes(self, *a)) or formed[-1])
+    planner = _planner(tmp_path)
+    chosen = plan_pool(planner).chosen
+    balanced = {key[:2] for key in planner._packed if key[2]}
+    assert any(not key[2] and key[0] == "cpu" for key in planner._packed)  # unbalanced packings were made
+    pack = PoolPlanner.pack
+    monkeypatch.setattr(PoolPlanner, "pack", lambda self, kind, members, priced=False: pack(self, kind, members, True))
+    every = _planner(tmp_path)
+    again = plan_pool(every).chosen
+    assert [m.key() for m in formed[0]] == [m.key() for m in formed[1]] and chosen.key() == again.key()
+    assert all(p.gpus == every._packed[key[:2] + (True,)].gpus for key, p in planner._packed.items())
+    assert balanced == {("cpu", planner.servable["cpu"].nonzero()[0].tobytes()),
+                        ("h100-64gb", planner.servable["h100-64gb"].nonzero()[0].tobytes())} | {
+        key[:2] for key in planner._packed if key[0] == "h100-64gb"}
