@@ -95,7 +95,7 @@ def _largest_prefix(search: PrefixSearch, pos: int, load_cap: float | None) -> t
     if load_cap is not None:
         cum = np.cumsum(search.entry_loads()[pos:])
         k_max = max(1, int(np.searchsorted(cum, load_cap * (1 + 1e-9), side="right")))
-    return search.largest(pos, k_max, capped=load_cap is not None)
+    return search.largest(pos, k_max)
 
 
 def _split_head(req: PackRequest, queue: list[Entry], pos: int, split_hot: bool) -> None:

@@ -61,13 +61,12 @@ class PrefixSearch:
         """Arriving tokens/s of each queue entry (its adapter's, times its share)."""
         return self._queue_arrays()[5]
 
-    def largest(self, pos: int, k_max: int, capped: bool = False) -> tuple[int, int]:
-        """Largest k <= k_max found such that queue[pos:pos+k] passes, and its A_max; (0, 0) if k=1 fails.
-        ``capped``: k_max is a balancing fill's load cap, which the window usually passes at."""
+    def largest(self, pos: int, k_max: int) -> tuple[int, int]:
+        """Largest k <= k_max found such that queue[pos:pos+k] passes, and its A_max; (0, 0) if k=1 fails."""
         ranks, rates, d_in, d_out, next_same, _ = self._queue_arrays()
         k_max = min(k_max, int(next_same[pos:pos + k_max].min()) - pos)  # no window holds an adapter twice
         if not self.compiled():
-            return self._search(pos, k_max, top_first=capped and self.req.predictor.kind == "twin")
+            return self._search(pos, k_max)
         req, pred = self.req, self.req.predictor
         t, s = pred.throughput_forest, pred.starved_forest
         ttft = pred.ttft_forest if req.bar is not None and pred.ttft_forest is not None else t
@@ -98,17 +97,11 @@ class PrefixSearch:
                 self._limits = np.log10(np.fmin(req.adapter_ttft_s[idx] * 1000.0, ttft_ms)), np.log10(tpot)
         return self._limits
 
-    def _search(self, pos: int, k_max: int, top_first: bool = False) -> tuple[int, int]:
-        """The search of ``_largest_prefix``, asking ``best_a_max``; ``top_first``: asking about the whole
-        window first, which ends the search in one question where it passes. The twin's questions are
-        simulations, and a balancing fill's cap is near the load the first fill put on each GPU, so the
-        windows it allows mostly pass: this cuts the twin's balancing work about in half. (Other predictors
-        search as the compiled search does, so the two give the same plans.)"""
+    def _search(self, pos: int, k_max: int) -> tuple[int, int]:
+        """The search of ``_largest_prefix``, asking ``best_a_max``."""
         def ok(k: int) -> bool:
             return self._verdict(pos, k).ok
 
-        if top_first and ok(k_max):
-            return k_max, self._verdict(pos, k_max).a_max
         if not ok(1):
             return 0, 0
         lo, hi, k = 1, None, 2

@@ -129,20 +129,3 @@ def test_tokens_array_is_tokens_for(pid):
         for rank in kv.lora_ranks:
             want = [-1 if (t := capacity.tokens_for(a, rank)) is None else t for a in range(701)]
             assert capacity.tokens_array(rank, 700).tolist() == want
-
-
-def test_the_twin_asks_a_balancing_fills_whole_window_first_and_packs_alike(monkeypatch):
-    """With the twin (each question a simulation), a balancing fill's window is asked about whole first: the
-    same plan as searching it up from one adapter, in fewer questions."""
-    from models.twin_predictor import TwinPredictor
-
-    cpu = load_profile("cpu-2core-tiny-llama")
-    rng = np.random.default_rng(9)
-    wl = workload((rng.choice(PAPER_RATES, 60) * 3).tolist(), rng.choice([8, 16], 60).tolist(), tokens=(64, 32))
-    req = PackRequest.build(wl, cpu, TwinPredictor(cpu, duration_s=120.0), 1000)
-    top, top_calls = plan(req, monkeypatch, False)
-    search = PrefixSearch._search
-    monkeypatch.setattr(PrefixSearch, "_search", lambda self, pos, k_max, top_first=False: search(self, pos, k_max))
-    up, up_calls = plan(req, monkeypatch, False)
-    assert top == up and not isinstance(top, str) and len(top) >= 3
-    assert top_calls < up_calls
