@@ -358,7 +358,7 @@ def plan_pool(planner: PoolPlanner) -> PoolOutcome:
             row["why_not"] = "cannot serve any of the adapters (rank or request length)"
             continue
         planner.say(f"kind {k.name}: packing the {len(members):,} adapters it can serve"
-                     + ("" if planner.predictors[k.name].kind != "twin" else " with the twin (no surrogate ships)"))
+                     + (" with the twin (no surrogate ships)" if planner.twin_packed(k) else ""))
         pack = planner.pack(k, members, priced=True)
         prices[j] = planner.adapter_prices(pack)
         if len(members) < n:

@@ -195,15 +195,17 @@ def test_a_pool_file_that_is_no_regular_file_or_too_large_is_refused(tmp_path):
         assert res.exit_code == 2 and words in res.output, res.output
 
 
-def _planner(tmp_path, **counts):
+def _planner(tmp_path, pool_file=None, workload=None, **counts):
+    """A PoolPlanner of ``workload`` (default: WL) over ``pool_file`` (default: :func:`pool_yaml` with ``counts``)."""
     from planner.cli_plan import load_predictor_for
     from planner.plan import PlanOptions
     from planner.pool import read_pool
     from planner.pool_plan import PoolPlanner
     from planner.workload_csv import read_workload
 
-    pool = read_pool(pool_yaml(tmp_path / f"pool-{len(list(tmp_path.iterdir()))}.yaml", **counts))
-    return PoolPlanner(read_workload(WL), pool, lambda p: load_predictor_for(p, "auto"), PlanOptions(), None)
+    pool = read_pool(pool_file or pool_yaml(tmp_path / f"pool-{len(list(tmp_path.iterdir()))}.yaml", **counts))
+    return PoolPlanner(workload or read_workload(WL), pool, lambda p: load_predictor_for(p, "auto"), PlanOptions(),
+                       None)
 
 
 def test_judging_takes_surrogate_kinds_first_and_stops_where_an_option_cannot_beat_the_bound(tmp_path, monkeypatch):
@@ -244,9 +246,6 @@ def test_a_mix_the_twin_packed_kinds_judged_alone_show_no_cheaper_is_not_judged(
     """Judging adds a GPU to every packing of a twin-packed kind: once a kind's packing of every adapter came out
     a GPU over its estimate, a mix whose estimate is cheaper than that only by less than that shortfall is not
     judged (it is, with the shortfall left out), and the plan is the same."""
-    from planner.cli_plan import load_predictor_for
-    from planner.plan import PlanOptions
-    from planner.pool import read_pool
     from planner.pool_plan import KindPack, PoolChoice, PoolPlanner, plan_pool
     from planner.workload_csv import read_workload
     from twin.workload import Workload
@@ -271,8 +270,7 @@ def test_a_mix_the_twin_packed_kinds_judged_alone_show_no_cheaper_is_not_judged(
         if not shortfall:
             monkeypatch.setattr(PoolPlanner, "expected_cost", lambda self, option: option.cost)
         judged.clear()
-        planner = PoolPlanner(wl, read_pool(tmp_path / "pool.yaml"), lambda p: load_predictor_for(p, "auto"),
-                              PlanOptions(), None)
+        planner = _planner(tmp_path, tmp_path / "pool.yaml", wl)
         outcomes.append((plan_pool(planner).chosen, list(judged)))
     (chosen, with_shortfall), (same, without) = outcomes
     alone = chosen.packs[0].gpus
