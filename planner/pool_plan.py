@@ -13,7 +13,8 @@ How (``make_pool_plan``):
    other kinds' adapters while they still fit in the room paid for (:meth:`PoolPlanner.fill`).
 3. The mixes and each single kind's packing of the whole workload, in order of packed cost, are judged as
    ``planner plan`` judges a plan: every GPU in the twin on its kind's profile and margin, repacked until
-   all pass (a kind the twin packs is packed again by the twin of the judging runs), until no option left
+   all pass (a kind the twin packs is packed again by the twin of the judging runs; in a mix, it keeps the
+   GPUs judged for an earlier option that hold only adapters it serves here, and packs the rest), until no option left
    could beat the cheapest judged one, which is the plan. An option's kinds with a surrogate are judged first,
    and it is dropped once those and its other kinds' packings cost as much as the best judged. A mix is passed
    over, too, where its twin-packed kinds' GPUs, scaled by how many more the judging runs took than the
@@ -36,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from models.scenario import Predictor
-from planner.confirm import Confirmation, Progress
+from planner.confirm import Confirmation, Progress, pack_confirmed
 from planner.packing import GpuGroup, PackRequest
 from planner.placement import Placement, adapter_rows, build_instances, engine_settings, plan_inputs
 from planner.plan import PlanOptions, pack_request, plan_groups, run_algorithm
@@ -126,6 +127,8 @@ class PoolPlanner:
         #: Per kind the twin packs, once it was judged serving every adapter alone: its judged GPUs over the GPUs
         #: of its estimate (:data:`ESTIMATE_RUN`'s shorter runs pack a little tighter than the judging runs).
         self.estimate_shortfall: dict[str, float] = {}
+        #: Per kind the twin packs, its packings judged so far (a mix's judging keeps the GPUs it can of them).
+        self._twin_judged: dict[str, list[KindPack]] = {}
 
     def whole_request(self) -> PackRequest:
         """Every adapter with the lengths every kind is asked about, on the reference kind (what the placement's
@@ -176,14 +179,56 @@ class PoolPlanner:
             self._packed[key] = KindPack(kind, members, req, run_algorithm(req, replace(self.opts, balance=balance)))
         return self._packed[key]
 
-    def confirm(self, pack: KindPack) -> KindPack:
+    def confirm(self, pack: KindPack, reuse: bool = False) -> KindPack:
         """The packing judged in the twin on its kind's profile (repacked until every GPU passes): a kind packed by
         its surrogate from that packing; one the twin packs from the start, by the twin of the judging runs, as
-        ``planner plan`` packs it."""
+        ``planner plan`` packs it, or with ``reuse`` from the GPUs judged for another option (:meth:`_reused`)."""
         self.say(f"kind {pack.kind.name}: judging {len(pack.members):,} adapters on {pack.kind.profile.profile_id}")
-        own = not self.twin_packed(pack.kind)  # the twin's estimate is packed again in full runs
-        groups, confirmation = plan_groups(pack.req, self.opts, self.progress, first=pack.groups if own else None)
-        return KindPack(pack.kind, pack.members, pack.req, groups, confirmation)
+        if not self.twin_packed(pack.kind):
+            groups, confirmation = plan_groups(pack.req, self.opts, self.progress, first=pack.groups)
+            return KindPack(pack.kind, pack.members, pack.req, groups, confirmation)
+        kept = self._reused(pack) if reuse else None
+        if kept is None:  # the twin's estimate is packed again in full runs
+            judged = KindPack(pack.kind, pack.members, pack.req, *plan_groups(pack.req, self.opts, self.progress))
+        else:
+            judged = self._judge_rest(pack, *kept)
+        self._twin_judged.setdefault(pack.kind.name, []).append(judged)
+        return judged
+
+    def _reused(self, pack: KindPack) -> tuple[KindPack, list[GpuGroup], list[dict]] | None:
+        """The GPUs judged for another option on ``pack``'s kind whose adapters ``pack`` all serves, from the
+        option keeping the most of them, indexed as ``pack``'s (with their rows); None where none is kept. Each
+        such GPU holds the same adapters at the same traffic, so the judging runs pass it again."""
+        best: tuple[int, KindPack, list[int]] | None = None
+        for done in self._twin_judged.get(pack.kind.name, []):
+            here = np.isin(done.members, pack.members)
+            whole = [k for k, g in enumerate(done.groups) if here[g.members].all()]
+            count = sum(len(done.groups[k]) for k in whole)
+            if whole and (best is None or count > best[0]):
+                best = (count, done, whole)
+        if best is None:
+            return None
+        _, done, whole = best
+        at = np.searchsorted(pack.members, done.members)
+        groups = [GpuGroup({int(at[i]): s for i, s in done.groups[k].shares.items()}, done.groups[k].a_max,
+                           done.groups[k].max_lora_rank) for k in whole]
+        return done, groups, [done.confirmation.rows[k] for k in whole]
+
+    def _judge_rest(self, pack: KindPack, done: KindPack, kept: list[GpuGroup], rows: list[dict]) -> KindPack:
+        """``pack`` judged keeping the GPUs ``kept`` (judged for ``done``, with their ``rows``): the twin of the
+        judging runs packs only the traffic they leave."""
+        served = np.zeros(len(pack.members))
+        for g in kept:
+            np.add.at(served, np.fromiter(g.shares, np.int64, len(g)), np.fromiter(g.shares.values(), float, len(g)))
+        rest = [(int(i), float(1.0 - served[i])) for i in np.flatnonzero(served < 1.0 - 1e-9)]
+        self.say(f"kind {pack.kind.name}: {len(kept)} GPU(s) judged for an earlier option kept; packing the other "
+                 f"{len(rest):,} adapter entries")
+        if not rest:
+            return KindPack(pack.kind, pack.members, pack.req, kept, replace(done.confirmation, rows=rows, wall_s=0.0))
+        opts = self.opts
+        groups, c = pack_confirmed(pack.req, opts.split_hot, opts.balance, opts.run, opts.bar(pack.kind.profile),
+                                   self.progress, entries=rest, max_gpus=pack.req.max_gpus - len(kept))
+        return KindPack(pack.kind, pack.members, pack.req, kept + groups, replace(c, rows=rows + c.rows))
 
     def judge(self, option: PoolChoice, bound: float = np.inf) -> PoolChoice | None:
         """``option`` with every kind's packing judged (:meth:`confirm`), kinds with a surrogate first (they judge in
@@ -193,7 +238,7 @@ class PoolPlanner:
         for i in sorted(range(len(option.packs)), key=lambda i: self.twin_packed(option.packs[i].kind)):
             if sum(judged.get(k, p).cost for k, p in enumerate(option.packs)) >= bound:
                 return None
-            judged[i] = self.confirm(option.packs[i])
+            judged[i] = self.confirm(option.packs[i], reuse=option.single is None)
         return PoolChoice([judged[i] for i in range(len(option.packs))], option.single)
 
     def learn_shortfall(self, estimated: PoolChoice, judged: PoolChoice) -> None:

@@ -213,7 +213,7 @@ def test_judging_takes_surrogate_kinds_first_and_stops_where_an_option_cannot_be
 
     planner = _planner(tmp_path)
     judged = []
-    monkeypatch.setattr(PoolPlanner, "confirm", lambda self, pack: judged.append(pack.kind.name) or pack)
+    monkeypatch.setattr(PoolPlanner, "confirm", lambda self, pack, reuse=False: judged.append(pack.kind.name) or pack)
     option = PoolChoice([planner.pack(k, members) for k, members in
                          ((planner.pool.kinds[1], planner.servable["cpu"].nonzero()[0][:40]),
                           (planner.pool.kinds[0], planner.servable["cpu"].nonzero()[0][40:]))], None)
@@ -226,13 +226,13 @@ def test_a_mix_that_judging_takes_over_a_count_is_formed_again_with_room_kept(tm
     so the mixes are formed again with one GPU of room kept on that kind, and the plan is within the count."""
     from planner.pool_plan import KindPack, PoolPlanner, plan_pool
 
-    monkeypatch.setattr(PoolPlanner, "confirm", lambda self, pack: pack)
+    monkeypatch.setattr(PoolPlanner, "confirm", lambda self, pack, reuse=False: pack)
     free = plan_pool(_planner(tmp_path)).chosen
     cpu = next(p.gpus for p in free.packs if p.kind.name == "cpu")
     formed = []
     mixes = PoolPlanner.mixes
     monkeypatch.setattr(PoolPlanner, "mixes", lambda self, *a: formed.append(mixes(self, *a)) or formed[-1])
-    monkeypatch.setattr(PoolPlanner, "confirm", lambda self, pack: KindPack(
+    monkeypatch.setattr(PoolPlanner, "confirm", lambda self, pack, reuse=False: KindPack(
         pack.kind, pack.members, pack.req, pack.groups + pack.groups[-1:] if pack.kind.name == "cpu" else pack.groups))
     planner = _planner(tmp_path, cpu_count=cpu)
     chosen = plan_pool(planner).chosen
@@ -254,7 +254,7 @@ def test_a_mix_the_twin_packed_kinds_judged_alone_show_no_cheaper_is_not_judged(
     (tmp_path / "pool.yaml").write_text("kinds:\n" + "".join(
         f"  - {{name: {n}, profile: {CPU}, price_per_hour: {p}}}\n" for n, p in (("cpu-a", 0.01), ("cpu-b", 0.015))))
     judged = []
-    monkeypatch.setattr(PoolPlanner, "confirm", lambda self, pack: judged.append(pack.kind.name) or KindPack(
+    monkeypatch.setattr(PoolPlanner, "confirm", lambda self, pack, reuse=False: judged.append(pack.kind.name) or KindPack(
         pack.kind, pack.members, pack.req, pack.groups + pack.groups[-1:]))
 
     def mix(self, prices, bound=np.inf):  # a GPU's worth fewer adapters on cpu-a, those on one GPU of cpu-b
@@ -284,7 +284,7 @@ def test_a_twin_packed_kind_balances_only_the_packing_that_prices_its_adapters(t
     are those of balancing every packing."""
     from planner.pool_plan import PoolPlanner, plan_pool
 
-    monkeypatch.setattr(PoolPlanner, "confirm", lambda self, pack: pack)
+    monkeypatch.setattr(PoolPlanner, "confirm", lambda self, pack, reuse=False: pack)
     formed = []
     mixes = PoolPlanner.mixes
     monkeypatch.setattr(PoolPlanner, "mixes", lambda self, *a: formed.append(mixes(self, *a)) or formed[-1])
@@ -300,3 +300,36 @@ def test_a_twin_packed_kind_balances_only_the_packing_that_prices_its_adapters(t
     assert all(p.gpus == every._packed[key[:2] + (True,)].gpus for key, p in planner._packed.items())
     assert balanced == {("cpu", planner.servable["cpu"].nonzero()[0].tobytes())} | {
         key[:2] for key in planner._packed if key[0] == "h100-64gb"}  # the surrogate's kind: every packing
+
+
+def test_a_mix_keeps_the_twin_packed_gpus_judged_for_an_earlier_option_and_packs_only_the_rest(tmp_path):
+    """A kind the twin packs, judged serving every adapter; a mix leaving a few of them to another kind keeps
+    every GPU that holds none of those (the same adapters, the same figures as the twin gives them anew) and
+    packs only the adapters of the others again, every GPU judged; an option of one kind is packed in full."""
+    from planner.confirm import check_groups
+    from planner.pool_plan import PoolChoice
+
+    planner = _planner(tmp_path)
+    cpu = planner.pool.kinds[1]
+    members = planner.servable["cpu"].nonzero()[0]
+    alone = planner.judge(PoolChoice([planner.pack(cpu, members)], "cpu")).packs[0]
+    first = alone.groups[0]
+    moved = alone.members[first.members[:2]]
+    pack = planner.confirm(planner.pack(cpu, np.setdiff1d(members, moved)), reuse=True)
+
+    def as_sets(p):
+        return [frozenset(p.members[g.members].tolist()) for g in p.groups]
+
+    untouched = as_sets(alone)[1:]
+    assert as_sets(pack)[:len(untouched)] == untouched
+    kept = pack.groups[:len(untouched)]
+    anew = check_groups(pack.req, kept, planner.opts.run, planner.opts.bar(cpu.profile))
+    assert pack.confirmation.rows[:len(kept)] == [anew.row(k, planner.opts.bar(cpu.profile)) for k in range(len(kept))]
+    assert len(pack.confirmation.rows) == pack.gpus and all(r["meets"] for r in pack.confirmation.rows)
+    served = np.zeros(len(pack.members))
+    for g in pack.groups:
+        for i, share in g.shares.items():
+            served[i] += share
+    assert np.allclose(served, 1.0) and set(pack.members) == set(members) - set(moved)
+    again = planner.judge(PoolChoice([planner.pack(cpu, members)], "cpu")).packs[0]
+    assert as_sets(again) == as_sets(alone)  # a single kind is packed in full, as `planner plan` packs it
