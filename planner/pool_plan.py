@@ -57,6 +57,10 @@ ESTIMATE_RUN = {"duration_s": 300.0, "min_requests": 5_000.0, "max_duration_s": 
 #: fewest adapters to move off it to fit its count; a kind the twin packs (seconds a packing) fills in fewer.
 FILL_PROBES = 6
 TWIN_FILL_PROBES = 3
+#: A mix's twin-packed kind keeps the GPUs judged for an earlier option where they are at least this share of
+#: its estimate's GPUs (PoolPlanner._reused): fewer save little of the packing and risk the GPU that packing
+#: them apart from the rest can cost.
+REUSE_SHARE = 0.5
 #: Times mixes are formed again with room kept for the GPUs judging added on a kind with a count, after a judged
 #: mix came out over that count.
 RETRIMS = 2
@@ -182,23 +186,30 @@ class PoolPlanner:
     def confirm(self, pack: KindPack, reuse: bool = False) -> KindPack:
         """The packing judged in the twin on its kind's profile (repacked until every GPU passes): a kind packed by
         its surrogate from that packing; one the twin packs from the start, by the twin of the judging runs, as
-        ``planner plan`` packs it, or with ``reuse`` from the GPUs judged for another option (:meth:`_reused`)."""
+        ``planner plan`` packs it, or with ``reuse`` from the GPUs judged for another option (:meth:`_reused`) where
+        that takes no more GPUs than its estimate (else in full as well, the fewer GPUs kept: kept GPUs and the
+        rest packed apart can round up to a GPU more than one packing of them all)."""
         self.say(f"kind {pack.kind.name}: judging {len(pack.members):,} adapters on {pack.kind.profile.profile_id}")
         if not self.twin_packed(pack.kind):
             groups, confirmation = plan_groups(pack.req, self.opts, self.progress, first=pack.groups)
             return KindPack(pack.kind, pack.members, pack.req, groups, confirmation)
         kept = self._reused(pack) if reuse else None
-        if kept is None:  # the twin's estimate is packed again in full runs
-            judged = KindPack(pack.kind, pack.members, pack.req, *plan_groups(pack.req, self.opts, self.progress))
-        else:
-            judged = self._judge_rest(pack, *kept)
+        judged = None if kept is None else self._judge_rest(pack, *kept)
+        if judged is None or judged.gpus > pack.gpus:
+            if judged is not None:
+                self.say(f"kind {pack.kind.name}: {judged.gpus} GPUs so, more than the {pack.gpus} of its estimate: "
+                         "packing all of its adapters again")
+            # the twin's estimate packed again in full runs
+            full = KindPack(pack.kind, pack.members, pack.req, *plan_groups(pack.req, self.opts, self.progress))
+            judged = full if judged is None or full.gpus <= judged.gpus else judged
         self._twin_judged.setdefault(pack.kind.name, []).append(judged)
         return judged
 
     def _reused(self, pack: KindPack) -> tuple[KindPack, list[GpuGroup], list[dict]] | None:
         """The GPUs judged for another option on ``pack``'s kind whose adapters ``pack`` all serves, from the
-        option keeping the most of them, indexed as ``pack``'s (with their rows); None where none is kept. Each
-        such GPU holds the same adapters at the same traffic, so the judging runs pass it again."""
+        option keeping the most of them, indexed as ``pack``'s (with their rows); None where they are fewer than
+        :data:`REUSE_SHARE` of its estimate's GPUs. Each such GPU holds the same adapters at the same traffic, so
+        the judging runs pass it again."""
         best: tuple[int, KindPack, list[int]] | None = None
         for done in self._twin_judged.get(pack.kind.name, []):
             here = np.isin(done.members, pack.members)
@@ -206,7 +217,7 @@ class PoolPlanner:
             count = sum(len(done.groups[k]) for k in whole)
             if whole and (best is None or count > best[0]):
                 best = (count, done, whole)
-        if best is None:
+        if best is None or len(best[2]) < REUSE_SHARE * pack.gpus:
             return None
         _, done, whole = best
         at = np.searchsorted(pack.members, done.members)

@@ -305,17 +305,22 @@ def test_a_twin_packed_kind_balances_only_the_packing_that_prices_its_adapters(t
 def test_a_mix_keeps_the_twin_packed_gpus_judged_for_an_earlier_option_and_packs_only_the_rest(tmp_path):
     """A kind the twin packs, judged serving every adapter; a mix leaving a few of them to another kind keeps
     every GPU that holds none of those (the same adapters, the same figures as the twin gives them anew) and
-    packs only the adapters of the others again, every GPU judged; an option of one kind is packed in full."""
+    packs only the adapters of the others again, every GPU judged, where that takes no more GPUs than its
+    estimate (else the fewer of that and a packing of all); an option of one kind is packed in full."""
     from planner.confirm import check_groups
-    from planner.pool_plan import PoolChoice
+    from planner.pool_plan import KindPack, PoolChoice
 
     planner = _planner(tmp_path)
     cpu = planner.pool.kinds[1]
     members = planner.servable["cpu"].nonzero()[0]
     alone = planner.judge(PoolChoice([planner.pack(cpu, members)], "cpu")).packs[0]
+    assert alone.gpus >= 3
     first = alone.groups[0]
     moved = alone.members[first.members[:2]]
-    pack = planner.confirm(planner.pack(cpu, np.setdiff1d(members, moved)), reuse=True)
+    estimate = planner.pack(cpu, np.setdiff1d(members, moved))
+    roomy = KindPack(cpu, estimate.members, estimate.req,  # an estimate of a GPU more than judging alone took
+                     estimate.groups + estimate.groups[:1] * (alone.gpus + 1 - estimate.gpus))
+    pack = planner.confirm(roomy, reuse=True)
 
     def as_sets(p):
         return [frozenset(p.members[g.members].tolist()) for g in p.groups]
@@ -331,5 +336,6 @@ def test_a_mix_keeps_the_twin_packed_gpus_judged_for_an_earlier_option_and_packs
         for i, share in g.shares.items():
             served[i] += share
     assert np.allclose(served, 1.0) and set(pack.members) == set(members) - set(moved)
+    assert planner.confirm(estimate, reuse=True).gpus <= pack.gpus
     again = planner.judge(PoolChoice([planner.pack(cpu, members)], "cpu")).packs[0]
     assert as_sets(again) == as_sets(alone)  # a single kind is packed in full, as `planner plan` packs it

@@ -21,7 +21,8 @@ folds: a harder test, as each fold loses a quarter of the evidence). The rules:
   held-in runs of the nearest served-adapter count at or above A that were not past their capacity
   (real p99 TTFT within 10 s): the twin's step is taken to be that much too fast there.
 
-The flat margins need no held-out runs; they are listed as the bar the fitted ones must beat.
+The flat margins need no held-out runs; they are listed as the bar the fitted ones must beat, and again per
+served-adapter count (``flat_by_adapters``): where along the adapters a GPU serves the twin needs its margin.
 
     python -m benchmarks.fidelity.margin_rules [--jobs 2] [--hold-out workload|scenario]
         # -> artifacts/benchmarks/margin_rules.json
@@ -99,7 +100,7 @@ def score(decided: np.ndarray, real_ok: np.ndarray) -> dict:
     dangerous = int(np.sum(decided & ~real_ok))
     wasteful = int(np.sum(~decided & real_ok))
     return {"runs": n, "right": n - dangerous - wasteful, "dangerous": dangerous, "wasteful": wasteful,
-            "wasteful_share": round(wasteful / n, 4), "twin_passes": int(decided.sum())}
+            "wasteful_share": round(wasteful / n, 4), "twin_passes": int(decided.sum()), "real_meet": int(real_ok.sum())}
 
 
 def main() -> None:
@@ -138,9 +139,11 @@ def main() -> None:
                        "dangerous_runs": [f"{runs[i]['scenario']} A={adapters[i]} A_max={runs[i]['A_max']} at "
                                           f"{FACTORS[chosen[i]]:g}" for i in np.flatnonzero(decided & ~real_ok)],
                        "fitted_to_all": {str(a): FACTORS[full(int(a))] for a in np.unique(adapters)}}
+    by_adapters = {str(a): {f"{f:g}": score(twin_ok[adapters == a, k], real_ok[adapters == a])
+                            for k, f in enumerate(FACTORS)} for a in np.unique(adapters)}
     out = {"benchmark": "margin_rules", "profile": "h100-64gb-qwen2.5-7b", "hold_out": args.hold_out,
            "slo": SLO, "factors": list(FACTORS), "runs": len(runs), "real_meet": int(real_ok.sum()),
-           "throughput_margin": FACTORS[base], "rules": rules,
+           "throughput_margin": FACTORS[base], "rules": rules, "flat_by_adapters": by_adapters,
            "per_run": [{"scenario": r["scenario"], "A": int(a), "A_max": int(r["A_max"]), "real_ok": bool(ok),
                         "needed": FACTORS[n], "tpot_ratio": round(float(q), 3)}
                        for r, a, ok, n, q in zip(runs, adapters, real_ok, need, ratio)]}
@@ -150,6 +153,10 @@ def main() -> None:
         print(f"{name:22s} right {r['right']:3d}  dangerous {r['dangerous']:2d}  wasteful {r['wasteful']:2d} "
               f"({r['wasteful_share']:.1%})")
     print(json.dumps({k: v.get("fitted_to_all") for k, v in rules.items() if "fitted_to_all" in v}))
+    for a, by in by_adapters.items():
+        print(f"{a:>4s} adapters ({by['1']['runs']:2d} runs, {by['1']['real_meet']:2d} meet the SLO): dangerous at flat " + ", ".join(
+            f"{f}: {v['dangerous']}" for f, v in by.items() if float(f) <= 1.3)
+              + f"; wasteful at 1: {by['1']['wasteful']}, at 1.3: {by['1.3']['wasteful']}")
 
 
 if __name__ == "__main__":
