@@ -13,8 +13,9 @@ How (``make_pool_plan``):
    other kinds' adapters while they still fit in the room paid for (:meth:`PoolPlanner.fill`).
 3. The mixes and each single kind's packing of the whole workload, in order of packed cost, are judged as
    ``planner plan`` judges a plan: every GPU in the twin on its kind's profile and margin, repacked until
-   all pass (a kind the twin packs is packed again by the twin of the judging runs; in a mix, it keeps the
-   GPUs judged for an earlier option that hold only adapters it serves here, and packs the rest), until no option left
+   all pass (a kind the twin packs is packed again by the twin of the judging runs; in a mix, it may keep the
+   GPUs judged for an earlier option that hold only adapters it serves here, and pack the rest:
+   :meth:`PoolPlanner.confirm`), until no option left
    could beat the cheapest judged one, which is the plan. An option's kinds with a surrogate are judged first,
    and it is dropped once those and its other kinds' packings cost as much as the best judged. A mix is passed
    over, too, where its twin-packed kinds' GPUs, scaled by how many more the judging runs took than the
@@ -68,7 +69,7 @@ RETRIMS = 2
 
 @dataclass
 class KindPack:
-    """A kind's packing of some adapters (indices into the whole workload)."""
+    """A kind's packing of some adapters (``members``: ascending indices into the whole workload)."""
 
     kind: Kind
     members: np.ndarray
@@ -197,8 +198,8 @@ class PoolPlanner:
         judged = None if kept is None else self._judge_rest(pack, *kept)
         if judged is None or judged.gpus > pack.gpus:
             if judged is not None:
-                self.say(f"kind {pack.kind.name}: {judged.gpus} GPUs so, more than the {pack.gpus} of its estimate: "
-                         "packing all of its adapters again")
+                self.say(f"kind {pack.kind.name}: keeping them took {judged.gpus} GPUs, more than the {pack.gpus} of "
+                         "its estimate: packing all of its adapters again")
             # the twin's estimate packed again in full runs
             full = KindPack(pack.kind, pack.members, pack.req, *plan_groups(pack.req, self.opts, self.progress))
             judged = full if judged is None or full.gpus <= judged.gpus else judged
@@ -239,7 +240,8 @@ class PoolPlanner:
         opts = self.opts
         groups, c = pack_confirmed(pack.req, opts.split_hot, opts.balance, opts.run, opts.bar(pack.kind.profile),
                                    self.progress, entries=rest, max_gpus=pack.req.max_gpus - len(kept))
-        return KindPack(pack.kind, pack.members, pack.req, kept + groups, replace(c, rows=rows + c.rows))
+        return KindPack(pack.kind, pack.members, pack.req, kept + groups,
+                        replace(c, rows=rows + c.rows, margin=max(c.margin, done.confirmation.margin)))
 
     def judge(self, option: PoolChoice, bound: float = np.inf) -> PoolChoice | None:
         """``option`` with every kind's packing judged (:meth:`confirm`), kinds with a surrogate first (they judge in
