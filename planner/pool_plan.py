@@ -43,6 +43,7 @@ from planner.packing import GpuGroup, PackRequest
 from planner.placement import Placement, adapter_rows, build_instances, engine_settings, plan_inputs
 from planner.plan import PlanOptions, pack_request, plan_groups, run_algorithm
 from planner.pool import Kind, Pool
+from planner.prefix_search import shares_of
 from twin.errors import BadInputError, InfeasibleError
 from twin.profile import Profile
 from twin.workload import Workload
@@ -229,10 +230,8 @@ class PoolPlanner:
     def _judge_rest(self, pack: KindPack, done: KindPack, kept: list[GpuGroup], rows: list[dict]) -> KindPack:
         """``pack`` judged keeping the GPUs ``kept`` (judged for ``done``, with their ``rows``): the twin of the
         judging runs packs only the traffic they leave."""
-        served = np.zeros(len(pack.members))
-        for g in kept:
-            np.add.at(served, np.fromiter(g.shares, np.int64, len(g)), np.fromiter(g.shares.values(), float, len(g)))
-        rest = [(int(i), float(1.0 - served[i])) for i in np.flatnonzero(served < 1.0 - 1e-9)]
+        served = shares_of([e for g in kept for e in g.shares.items()])
+        rest = [(i, 1.0 - served.get(i, 0.0)) for i in range(len(pack.members)) if served.get(i, 0.0) < 1.0 - 1e-9]
         self.say(f"kind {pack.kind.name}: {len(kept)} GPU(s) judged for an earlier option kept; packing the other "
                  f"{len(rest):,} adapter entries")
         if not rest:
