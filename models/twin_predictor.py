@@ -22,11 +22,31 @@ from twin.simulate import MAX_SIM_REQUESTS, STARVATION_THRESHOLD, SimConfig, exp
 from twin.workload import Adapter, LengthModel, Workload
 
 
+@dataclass(frozen=True)
+class FewAdapters:
+    """How a GPU serving at most ``adapters`` adapters is judged instead: on a GPU ``slowdown`` times slower than
+    the profile, its p99 TPOT taken ``tpot_factor`` times the twin's and its TTFT ``ttft_ms_per_adapter`` ms per
+    adapter it serves above the twin's (the twin's measured error there; planner.verdict.few_adapters)."""
+
+    adapters: int
+    slowdown: float
+    tpot_factor: float = 1.0
+    ttft_ms_per_adapter: float = 0.0
+
+    def covers(self, sc: GpuScenario) -> bool:
+        return len(sc) <= self.adapters
+
+    def to_dict(self) -> dict[str, float]:
+        return {"adapters": self.adapters, "slowdown": self.slowdown, "tpot_factor": self.tpot_factor,
+                "ttft_ms_per_adapter": self.ttft_ms_per_adapter}
+
+
 @dataclass
 class TwinPredictor:
     """Answers by simulating each scenario (the ``arrivals`` process, Poisson by default; the profile's length
     model; a fixed seed); ``jobs`` > 1 simulates the scenarios of one call in that many forked processes.
-    ``slowdown`` runs the twin on a GPU that many times slower than the profile (``Profile.slowed``)."""
+    ``slowdown`` runs the twin on a GPU that many times slower than the profile (``Profile.slowed``), or as
+    ``few`` says for a GPU of few adapters."""
 
     profile: Profile
     duration_s: float = 3600.0
@@ -44,6 +64,7 @@ class TwinPredictor:
     # A judging run's load margin (its load - 1): a scenario whose request sizes vary more than the profile's
     # default lengths do is simulated with that margin scaled up (:func:`size_factor`; 0: as asked).
     size_margin: float = 0.0
+    few: FewAdapters | None = None
 
     @property
     def profile_id(self) -> str:
@@ -55,31 +76,40 @@ class TwinPredictor:
         if self.size_margin > 0:
             extra = np.array([size_factor(sc, self.profile, self.size_margin) for sc in scenarios])
             scenarios = [sc if e == 1.0 else replace(sc, rates_rps=sc.rates_rps * e) for sc, e in zip(scenarios, extra)]
-        one = partial(_simulate, self.profile.slowed(self.slowdown), self.duration_s, self.seed, self.policy,
-                      self.arrivals, self.min_requests, self.max_duration_s)
+        few = np.zeros(n, bool) if self.few is None else np.array([self.few.covers(sc) for sc in scenarios], bool)
+        profiles = (self.profile.slowed(self.slowdown),
+                    self.profile.slowed(self.few.slowdown) if few.any() else None)
+        one = partial(_simulate_on, profiles, self.duration_s, self.seed, self.policy, self.arrivals,
+                      self.min_requests, self.max_duration_s)
+        items = [(sc, bool(f)) for sc, f in zip(scenarios, few)]
         if self.jobs > 1 and n > 1:
-            out = self._in_workers(one, scenarios)
+            out = self._in_workers(one, items)
         else:
             out = []
-            for sc in scenarios:
-                out.append(one(sc))
+            for item in items:
+                out.append(one(item))
                 self._advance(len(out), n)
         res = np.array(out, float).reshape(n, 6)
+        if few.any():  # the twin's measured error at few adapters (FewAdapters)
+            served = np.array([len(sc) for sc in scenarios], float)[few]
+            res[few, 2] += self.few.ttft_ms_per_adapter * served
+            res[few, 5] += self.few.ttft_ms_per_adapter * served
+            res[few, 3] *= self.few.tpot_factor
         thr, arriving = res[:, 0] / extra, res[:, 1] / extra  # per the traffic asked about
         return Predictions(thr, thr < STARVATION_THRESHOLD * arriving, arriving, res[:, 2].copy(), res[:, 3].copy(),
                            res[:, 4].copy(), res[:, 5].copy())
 
-    def _in_workers(self, one: Callable, scenarios: Sequence[GpuScenario]) -> list:
-        """``one`` of each scenario, in the worker pool: the costliest first (by expected requests), in chunks
-        that shrink as the work left does, so no worker waits long for another at the end."""
-        n = len(scenarios)
+    def _in_workers(self, one: Callable, items: Sequence[tuple[GpuScenario, bool]]) -> list:
+        """``one`` of each (scenario, few) item, in the worker pool: the costliest first (by expected requests), in
+        chunks that shrink as the work left does, so no worker waits long for another at the end."""
+        n = len(items)
         cost = np.array([float(np.sum(sc.rates_rps)) * scenario_duration_s(sc, self.duration_s, self.min_requests,
-                                                                             self.max_duration_s) for sc in scenarios])
+                                                                             self.max_duration_s) for sc, _ in items])
         order = np.argsort(-cost, kind="stable")
         pool = worker_pool(self.jobs)
         out: list = [None] * n
         try:
-            pending = {pool.submit(_simulate_each, one, [scenarios[i] for i in chunk]): chunk
+            pending = {pool.submit(_simulate_each, one, [items[i] for i in chunk]): chunk
                        for chunk in guided_chunks(order, self.jobs)}
             done = 0
             for fut in as_completed(pending):
@@ -108,9 +138,9 @@ def guided_chunks(order: np.ndarray, jobs: int) -> list[np.ndarray]:
     return chunks
 
 
-def _simulate_each(one: Callable, scenarios: list[GpuScenario]) -> list[tuple[float, ...]]:
-    """``one`` of each scenario (a module function: it goes to worker processes)."""
-    return [one(sc) for sc in scenarios]
+def _simulate_each(one: Callable, items: list) -> list[tuple[float, ...]]:
+    """``one`` of each item (a module function: it goes to worker processes)."""
+    return [one(item) for item in items]
 
 
 _POOL: dict[int, ProcessPoolExecutor] = {}
@@ -208,6 +238,14 @@ def scenario_duration_s(sc: GpuScenario, duration_s: float, min_requests: float,
         return duration_s
     rate = float(np.sum(sc.rates_rps))
     return duration_s if rate <= 0 else float(np.clip(min_requests / rate, duration_s, max(duration_s, max_duration_s)))
+
+
+def _simulate_on(profiles: tuple[Profile, Profile | None], duration_s: float, seed: int, policy: PolicySpec | None,
+                 arrivals, min_requests: float, max_duration_s: float, item: tuple[GpuScenario, bool]) -> tuple[float, ...]:
+    """:func:`_simulate` of a (scenario, few) ``item`` on the first of ``profiles``, or with few on the second."""
+    sc, few = item
+    return _simulate(profiles[1] if few else profiles[0], duration_s, seed, policy, arrivals, min_requests,
+                     max_duration_s, sc)
 
 
 def _simulate(profile: Profile, duration_s: float, seed: int, policy: PolicySpec | None, arrivals,

@@ -402,7 +402,7 @@ def replan(workload, previous_file, out, profile_id, gpus, predictor_kind, headr
             bar = bar_for(previous, profile)
             opts = PlanOptions(gpus=gpus, headroom=headroom, confirm=confirm, jobs=jobs_or_cores(jobs),
                                objective=bar.objective, max_ttft_s=bar.max_ttft_s, max_tpot_ms=bar.max_tpot_ms,
-                               min_served=bar.min_served, slowdown=bar.slowdown,
+                               min_served=bar.min_served, slowdown=bar.slowdown, few=bar.few,
                                tail_factor=tail_setting(tail_factor), size_scaled=size_margin)
             req = pack_request(wl, profile, load_predictor_for(profile, predictor_kind, policy), opts)
             budget = ChurnBudget.parse(max_moves, max_restarts, gpu_tolerance, len(wl))

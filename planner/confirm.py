@@ -63,8 +63,10 @@ def check_groups(req: PackRequest, groups: list[GpuGroup], run: TwinRun, bar: Se
 
 
 def repacking(req: PackRequest, margin: float, bar: ServiceBar) -> PackRequest:
-    """A packing round's request: keep up with (1 + ``margin``) x the load, meeting the bar."""
-    return replace(req, margin=margin, bar=bar)
+    """A packing round's request: keep up with (1 + ``margin``) x the load, meeting the bar (a group of few
+    adapters with its own margin grown as much)."""
+    few_margin = (1.0 + req.few_margin) * (1.0 + margin) / (1.0 + req.margin) - 1.0
+    return replace(req, margin=margin, bar=bar, few_margin=few_margin)
 
 
 def next_margin(margin: float, check: TwinCheck, bar: ServiceBar) -> float:
@@ -180,7 +182,7 @@ def twin_packer(req: PackRequest, run: TwinRun, bar: ServiceBar) -> PackRequest:
     """``req`` with the judging twin run as its predictor: asked about ``run.load`` x a group's traffic (the
     round's margin, from ``run.load - 1``; the run scales it with request sizes itself), its answers are the
     verdict's, so no edge classifier second-guesses them and its TPOT meets the limits as they are."""
-    return replace(req, predictor=run.predictor(req.profile, req.policy, bar.slowdown, bar.min_served), size_margin=0.0,
+    return replace(req, predictor=run.predictor(req.profile, req.policy, bar), size_margin=0.0, few=None,
                    edge=False, tpot_aim=0.0)
 
 

@@ -22,6 +22,7 @@ from planner.verdict import (
     SECOND_SEED,
     ServiceBar,
     TwinRun,
+    few_adapters,
     twin_check,
 )
 from twin.errors import BadInputError, ProfileError
@@ -128,7 +129,7 @@ def evaluation_request(placement: Placement, workload: Workload, profile: Profil
                                     a.output_tokens or plan["output_tokens"], a.path, a.max_ttft_s, a.max_tpot_ms))
     planned = {a.adapter_id for a in adapters}
     adapters += [a for a in workload.adapters if a.adapter_id not in planned]
-    req = PackRequest.build(Workload(tuple(adapters)), profile, DEFAULT_RUN.predictor(profile, policy, bar.slowdown), 0)
+    req = PackRequest.build(Workload(tuple(adapters)), profile, DEFAULT_RUN.predictor(profile, policy, bar), 0)
     return replace(req, bar=bar)
 
 
@@ -197,17 +198,19 @@ def evaluate_pool(placement: Placement, workload: Workload,
 def plan_bar(placement: Placement, profile: Profile, objective: str | None = None, min_served: float | None = None,
              max_ttft_s: float | None = None, max_tpot_ms: float | None = None,
              slowdown: float | None = None) -> ServiceBar:
-    """The bar a saved plan was judged by (its recorded confirmation; for a plan that records none, the default
-    SLO on the profile's slowdown), with any of the arguments given replacing its part."""
+    """The bar a saved plan was judged by (its recorded confirmation, its margin rule too; for a plan that records
+    none, the default SLO on the profile's slowdown), with any of the arguments given replacing its part
+    (``slowdown``: every GPU on that margin; another ``objective``: the profile's margins for it)."""
     conf = placement.inputs.get("confirmation")
     base = (ServiceBar.from_dict(conf) if isinstance(conf, dict) and "objective" in conf
             else ServiceBar(slowdown=profile.planning_slowdown()))
     if objective is not None and objective != base.objective:
-        base = ServiceBar.for_objective(objective, profile.planning_slowdown(objective), base.min_served)
-    return ServiceBar(base.min_served if min_served is None else min_served,
-                      base.max_ttft_s if max_ttft_s is None else max_ttft_s,
-                      base.max_tpot_ms if max_tpot_ms is None else max_tpot_ms,
-                      base.slowdown if slowdown is None else slowdown)
+        base = replace(ServiceBar.for_objective(objective, profile.planning_slowdown(objective), base.min_served),
+                       few=few_adapters(profile, objective))
+    bar = replace(base, min_served=base.min_served if min_served is None else min_served,
+                  max_ttft_s=base.max_ttft_s if max_ttft_s is None else max_ttft_s,
+                  max_tpot_ms=base.max_tpot_ms if max_tpot_ms is None else max_tpot_ms)
+    return bar if slowdown is None else bar.flat(slowdown)
 
 
 def judging_run(placement: Placement, seed: int, load: float | None = None, **kw) -> TwinRun:

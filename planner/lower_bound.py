@@ -67,7 +67,7 @@ def lower_bound(req: PackRequest, bar: ServiceBar, jobs: int = 1) -> Callable[[]
         gpus = max(1, math.ceil(arriving / capacity)) if capacity > 0 else 1
         return LowerBound(gpus, arriving, capacity, rank, mean_in, mean_out)
 
-    args = (req.profile, req.policy, replace(bar, slowdown=1.0), rank, mean_in, mean_out)
+    args = (req.profile, req.policy, bar.flat(1.0), rank, mean_in, mean_out)
     if jobs <= 1:
         return lambda: bound(best_gpu_tok_s(*args))
     future = worker_pool(jobs).submit(best_gpu_tok_s, *args)

@@ -15,7 +15,7 @@ from functools import cached_property
 import numpy as np
 
 from models.scenario import GpuScenario, Predictions, Predictor
-from models.twin_predictor import default_size_cv2, length_cv2, size_cv2, size_scale
+from models.twin_predictor import FewAdapters, default_size_cv2, length_cv2, size_cv2, size_scale
 from planner.verdict import DEFAULT_MAX_TPOT_MS, TPOT_FACTOR, ServiceBar, group_limits
 from twin.errors import BadInputError, InfeasibleError
 from twin.policies.memory import UnifiedPool, kv_capacity
@@ -57,6 +57,12 @@ class PackRequest:
     # default, over this factor, the judging run's slowdown (:func:`aim_tpot_limit`); 0: to the limits as
     # they are (the twin, which judges on the slowed GPU itself).
     tpot_aim: float = 0.0
+    # A predictor of the profile's own GPU (the surrogate) aims a group of at most ``few.adapters`` adapters at
+    # the bar's rule for it (:meth:`aimed`): ``few_margin`` instead of ``margin``, its limits as ``few`` says, no
+    # edge classifier (it learnt the verdicts of the larger margin). None: every group alike (the twin
+    # applies the rule itself).
+    few: FewAdapters | None = None
+    few_margin: float = 0.0
 
     @classmethod
     def build(cls, workload: Workload, profile: Profile, predictor: Predictor, max_gpus: int,
@@ -89,16 +95,33 @@ class PackRequest:
         default lengths): what :func:`models.twin_predictor.size_cv2` and ``size_scale`` need."""
         return (*length_cv2(self.profile.default_lengths()), default_size_cv2(self.profile))
 
+    def few_covers(self, adapters: int) -> bool:
+        """Is a group of this many adapters aimed at the rule for few adapters (:attr:`few`)?"""
+        return self.few is not None and adapters <= self.few.adapters
+
     def aim_scale(self, shares: dict[int, float]) -> float:
-        """The load a group is asked about, over its own: (1 + margin), times the judging run's scaling for
-        varied request sizes when ``size_margin`` > 0."""
+        """The load a group is asked about, over its own: (1 + margin), or (1 + few_margin) for a group of few
+        adapters, times the judging run's scaling for varied request sizes when ``size_margin`` > 0."""
+        scale = 1.0 + (self.few_margin if self.few_covers(len(shares)) else self.margin)
         if self.size_margin <= 0:
-            return 1.0 + self.margin
+            return scale
         idx = np.fromiter(shares, np.int64, len(shares))
         rates = self.rates_rps[idx] * np.fromiter(shares.values(), np.float64, len(shares))
         cv_in2, cv_out2, one = self.size_terms
         cs2 = size_cv2(rates, self.input_tokens[idx], self.output_tokens[idx], cv_in2, cv_out2)
-        return (1.0 + self.margin) * size_scale(cs2, one, self.size_margin)
+        return scale * size_scale(cs2, one, self.size_margin)
+
+    def aimed(self, sc: GpuScenario) -> GpuScenario:
+        """``sc`` with the latency limits the packer holds its prediction to: a TPOT limit tighter than the
+        default over ``tpot_aim`` (:func:`aim_tpot_limit`); for a group of few adapters, the TTFT limit less what
+        :attr:`few` adds to the twin's and the TPOT one over its factor too."""
+        ttft, tpot, aim = sc.max_ttft_ms, sc.max_tpot_ms, self.tpot_aim
+        if self.few_covers(len(sc)):
+            ttft -= self.few.ttft_ms_per_adapter * len(sc)
+            aim *= (1.0 + self.few_margin) / (1.0 + self.margin) * self.few.tpot_factor
+        if aim > 0:
+            tpot = float(aim_tpot_limit(tpot, aim))
+        return sc if (ttft, tpot) == (sc.max_ttft_ms, sc.max_tpot_ms) else replace(sc, max_ttft_ms=ttft, max_tpot_ms=tpot)
 
     @cached_property
     def mean_request(self) -> tuple[float, float]:
@@ -262,11 +285,9 @@ def passing(req: PackRequest, pred: Predictions, scenarios: list[GpuScenario]) -
     ok = ~np.asarray(pred.starved, bool)
     if req.bar is not None:
         ok &= pred.throughput_tok_s >= req.min_ratio * pred.arriving_tok_s
-        if req.tpot_aim > 0:
-            scenarios = [replace(s, max_tpot_ms=float(aim_tpot_limit(s.max_tpot_ms, req.tpot_aim))) for s in scenarios]
-        ok &= pred.meets_latency(scenarios)
+        ok &= pred.meets_latency([req.aimed(s) for s in scenarios])
     if req.edge and pred.passes_edge is not None:
-        ok &= pred.passes_edge
+        ok &= pred.passes_edge | np.array([req.few_covers(len(s)) for s in scenarios], bool)
     return ok
 
 

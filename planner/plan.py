@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from models.scenario import Predictor
+from models.twin_predictor import FewAdapters
 from planner.baselines import plan_dlora, plan_latency, plan_maxbase, plan_random
 from planner.confirm import Confirmation, Progress, judged, pack_confirmed
 from planner.greedy import plan_greedy
@@ -14,7 +15,7 @@ from planner.lower_bound import lower_bound
 from planner.packing import GpuGroup, PackRequest
 from planner.paper_greedy import plan_paper_greedy
 from planner.placement import Placement, adapter_rows, build_instances, engine_settings, plan_inputs
-from planner.verdict import TAIL_FACTOR, ServiceBar, TwinRun
+from planner.verdict import TAIL_FACTOR, ServiceBar, TwinRun, few_adapters
 from twin.errors import BadInputError
 from twin.profile import Profile
 from twin.workload import Workload
@@ -58,13 +59,18 @@ class PlanOptions:
     max_tpot_ms: float | None = None  # the SLO's p99 TPOT [verdict.DEFAULT_MAX_TPOT_MS with objective slo]
     min_served: float | None = None  # share of arriving tokens served [verdict.CONFIRM_RATIO]
     slowdown: float | None = None  # the twin's GPU this much slower [the profile's planning.slowdown]
+    # with ``slowdown`` given, how a GPU of few adapters is judged instead (a re-plan keeps its plan's rule);
+    # without, the profile's rule (planner.verdict.few_adapters)
+    few: FewAdapters | None = None
     tail_factor: float | None = TAIL_FACTOR  # judging runs' bound on p99.9 TTFT, times the limit (None: none)
     size_scaled: bool = True  # judging runs' margin scaled by the variation of request sizes (verdict.TwinRun)
 
     def bar(self, profile: Profile) -> ServiceBar:
         """What the twin requires of each GPU of this plan (before its adapters' own SLOs)."""
-        return ServiceBar.for_objective(self.objective, profile.planning_slowdown(self.objective) if self.slowdown is None
-                                        else self.slowdown, self.min_served, self.max_ttft_s, self.max_tpot_ms)
+        given = self.slowdown is not None
+        bar = ServiceBar.for_objective(self.objective, self.slowdown if given else profile.planning_slowdown(self.objective),
+                                       self.min_served, self.max_ttft_s, self.max_tpot_ms)
+        return replace(bar, few=self.few if given else few_adapters(profile, self.objective))
 
     @property
     def run(self) -> TwinRun:
@@ -80,7 +86,7 @@ def pack_request(workload: Workload, profile: Profile, predictor: Predictor, opt
                             "say how many with --gpus N")
     bar = opts.bar(profile)
     if predictor.kind == "twin":  # the twin as predictor answers with the judging run itself
-        predictor = opts.run.predictor(profile, getattr(predictor, "policy", None), bar.slowdown, bar.min_served)
+        predictor = opts.run.predictor(profile, getattr(predictor, "policy", None), bar)
     req = PackRequest.build(workload, profile, predictor, opts.gpus or UNLIMITED_GPUS, opts.headroom,
                             opts.input_tokens, opts.output_tokens, opts.seed)
     if opts.algorithm != "greedy":
@@ -95,7 +101,8 @@ def pack_request(workload: Workload, profile: Profile, predictor: Predictor, opt
         return replace(req, bar=bar, margin=opts.run.load - 1.0)
     edge = getattr(predictor, "edge", None)
     return replace(req, bar=bar, margin=bar.slowdown - 1.0, size_margin=opts.run.size_margin,
-                   edge=edge is not None and edge.applies(bar.to_dict(), opts.run.to_dict()), tpot_aim=bar.slowdown)
+                   edge=edge is not None and edge.applies(bar.to_dict(), opts.run.to_dict()), tpot_aim=bar.slowdown,
+                   few=bar.few, few_margin=0.0 if bar.few is None else bar.few.slowdown - 1.0)
 
 
 def _spec(name: str) -> AlgorithmSpec:

@@ -171,7 +171,7 @@ class PoolPlanner:
             return req
         bar = opts.bar(kind.profile)
         run = replace(opts.run, **ESTIMATE_RUN)
-        return replace(req, predictor=run.predictor(kind.profile, None, bar.slowdown, bar.min_served))
+        return replace(req, predictor=run.predictor(kind.profile, None, bar))
 
     def pack(self, kind: Kind, members: np.ndarray, priced: bool = False) -> KindPack:
         """The kind's packing of ``members`` without the twin's verdict (cached: packings are deterministic).
@@ -191,7 +191,8 @@ class PoolPlanner:
         ``planner plan`` packs it, or with ``reuse`` from the GPUs judged for another option (:meth:`_reused`) where
         that takes no more GPUs than its estimate (else in full as well, the fewer GPUs kept: kept GPUs and the
         rest packed apart can round up to a GPU more than one packing of them all)."""
-        self.say(f"kind {pack.kind.name}: judging {len(pack.members):,} adapters on {pack.kind.profile.profile_id}")
+        self.say(f"kind {pack.kind.name}: judging {len(pack.members):,} adapters on {pack.kind.profile.profile_id} "
+                 f"(packed on {pack.gpus} GPUs)")
         if not self.twin_packed(pack.kind):
             groups, confirmation = plan_groups(pack.req, self.opts, self.progress, first=pack.groups)
             return KindPack(pack.kind, pack.members, pack.req, groups, confirmation)

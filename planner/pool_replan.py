@@ -54,7 +54,7 @@ def replan_pool(previous: Placement, workload_path, workload: Workload, opts: Pl
         part = parts.get(kind.name) or Placement({"profile_id": kind.profile.profile_id}, [], [],
                                                  engine_settings(kind.profile))
         bar = bar_for(part, kind.profile)
-        req = replace(planner.request(kind, members, replace(planner.opts, slowdown=bar.slowdown)),
+        req = replace(planner.request(kind, members, replace(planner.opts, slowdown=bar.slowdown, few=bar.few)),
                       max_gpus=kind.spec.count or UNLIMITED_GPUS)
         if progress:
             progress(f"kind {kind.name}: re-planning {len(members):,} adapters on {len(part.instances)} GPU(s)")

@@ -75,10 +75,19 @@ class PrefixSearch:
         ttft_limits, tpot_limits = self._latency_limits()
         queue = (ranks[pos:], rates[pos:], d_in[pos:], d_out[pos:], ttft_limits[pos:], tpot_limits[pos:])
         aim = (1.0 + req.margin, STRESS_FACTOR, float(req.min_ratio), ttft is not t, tpot is not t,
-               float(req.size_margin), *req.size_terms, edge is not t, MIN_PASS_PROBABILITY)
+               float(req.size_margin), *req.size_terms, edge is not t, MIN_PASS_PROBABILITY, *self._few_aim())
         k, a_max = _largest_prefix(pred.terms, queue, k_max, self._candidate_tables(), aim,
                                    tuple(_record(f) for f in (t, s, ttft, tpot, edge)))
         return int(k), int(a_max)
+
+    def _few_aim(self) -> tuple[int, float, float, float]:
+        """How a prefix of few adapters is aimed (:meth:`PackRequest.aimed`): (the most adapters it covers, 0 for
+        none; 1 + its margin; its TTFT allowance per adapter, ms; what to add to the log10 TPOT limits)."""
+        req, few = self.req, self.req.few
+        if few is None:
+            return 0, 1.0, 0.0, 0.0
+        shift = 0.0 if req.tpot_aim <= 0 else -np.log10((1.0 + req.few_margin) / (1.0 + req.margin) * few.tpot_factor)
+        return few.adapters, 1.0 + req.few_margin, few.ttft_ms_per_adapter, float(shift)
 
     def _latency_limits(self) -> tuple[np.ndarray, np.ndarray]:
         """Per queue entry: log10 of the p99 TTFT limit (ms) its adapter holds a GPU to, and of the p99 TPOT
@@ -178,7 +187,7 @@ def _largest_prefix(terms, queue, k_max, tables, aim, forests):
     :meth:`PrefixSearch._candidate_tables`; ``aim``: (1 + the margin, the stress factor on top of it, the
     served share required, whether the TTFT forest predicts the TTFT limit, the same of TPOT, the size margin
     and the three size terms of :meth:`PackRequest.aim_scale`, whether the edge classifier must give
-    "passes", the least probability it must give); ``forests``: the throughput, starved, TTFT, TPOT and edge
+    "passes", the least probability it must give, then :meth:`PrefixSearch._few_aim`); ``forests``: the throughput, starved, TTFT, TPOT and edge
     forests as :func:`_record` gives them."""
     ranks, rates, input_tokens, output_tokens, ttft_limits, tpot_limits = queue
     rank_values = tables[0]
@@ -236,7 +245,8 @@ def _prefix_verdict(k, terms, group, tables, aim, work, forests):
     one with the highest stressed throughput (ties: the larger A_max)."""
     ranks, rates, input_tokens, output_tokens, need, ttft_limit, tpot_limit = group
     _, limits, lora_ranks, points, kv = tables
-    scale, stress, min_ratio, use_ttft, use_tpot, size_margin, cv_in2, cv_out2, one_cs2, use_edge, edge_min = aim
+    (scale, stress, min_ratio, use_ttft, use_tpot, size_margin, cv_in2, cv_out2, one_cs2, use_edge, edge_min,
+     few_k, few_scale, few_ttft_ms, few_tpot_shift) = aim
     buf, nominal, stressed, x, x32, out = work
     throughput, starved, ttft, tpot, edge = forests
     row = need[k - 1]
@@ -245,8 +255,14 @@ def _prefix_verdict(k, terms, group, tables, aim, work, forests):
         return 0
     rank = lora_ranks[row]
     lim = ttft_limit[k - 1]
-    latency = use_ttft and lim < np.inf
     tpot_lim = tpot_limit[k - 1]
+    if k <= few_k:  # PackRequest.aimed
+        scale = few_scale
+        use_edge = False
+        if lim < np.inf:
+            lim = np.log10(max(10.0 ** lim - few_ttft_ms * k, 1e-3))
+        tpot_lim = tpot_lim + few_tpot_shift
+    latency = use_ttft and lim < np.inf
     per_token = use_tpot and tpot_lim < np.inf
     if size_margin > 0:
         scale = scale * size_scale(size_cv2(rates[:k], input_tokens[:k], output_tokens[:k], cv_in2, cv_out2),

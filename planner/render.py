@@ -9,7 +9,7 @@ from pathlib import PurePosixPath
 
 from planner.lower_bound import bound_words
 from planner.placement import InstancePlan, Placement
-from planner.verdict import bounds_words, run_length_words, tightened_words
+from planner.verdict import bounds_words, margin_words, run_length_words, tightened_words
 from planner.workload_csv import printable
 from twin.errors import BadInputError
 from twin.policies.spec import policy_label
@@ -40,9 +40,9 @@ def _amount(x: float) -> str:
     return f"{x:,.12g}"
 
 
-def slo_line(c: dict, margins: dict[str, float] | None = None) -> str:
+def slo_line(c: dict, margins: dict[str, dict] | None = None) -> str:
     """What every GPU of a judged plan had to show, and where (the plan's ``inputs.confirmation``); ``margins``: a
-    pool plan's safety margin (its twin's slowdown) per kind, said instead of ``c``'s."""
+    pool plan's kinds' confirmations, whose safety margins are said instead of ``c``'s."""
     parts = []
     if c.get("max_ttft_s") is not None:
         parts.append(f"p99 TTFT <= {c['max_ttft_s']:g} s")
@@ -64,7 +64,9 @@ def slo_line(c: dict, margins: dict[str, float] | None = None) -> str:
     line += bounds_words(c.get("tail_factor"), c.get("tpot_factor"), c.get("max_ttft_s"), c.get("max_tpot_ms"))
     if margins:
         line += (", on a GPU slower than its kind's profile by the kind's safety margin: "
-                 + ", ".join(f"{name} {slowdown - 1:.0%}" for name, slowdown in margins.items()))
+                 + ", ".join(f"{name} {margin_words(k, kind=True)}" for name, k in margins.items()))
+    elif c.get("few_adapters"):
+        line += f", on a GPU slower than the profile by its safety margin: {margin_words(c)}"
     elif c.get("slowdown", 1.0) > 1.0:
         line += f", on a GPU {c['slowdown'] - 1:.0%} slower than the profile: its safety margin"
     return line + ")"
@@ -91,8 +93,7 @@ def render_table(p: Placement) -> str:
         lines += _cost_lines(p, s)
     if "confirmation" in p.inputs:
         c = p.inputs["confirmation"]
-        lines.append(slo_line(c, {name: k.get("slowdown", 1.0) for name, k in _confirmations(p).items()}
-                              if "pool" in p.inputs else None))
+        lines.append(slo_line(c, _confirmations(p) if "pool" in p.inputs else None))
         tight = tightened_words([(i.instance_id, (i.twin or {}).get("max_ttft_ms"), (i.twin or {}).get("max_tpot_ms"))
                                  for i in p.instances], c.get("max_ttft_s"), c.get("max_tpot_ms"))
         if tight:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -160,7 +160,7 @@ def kind_part(p: Placement, kind: str | None) -> tuple[str | None, Placement]:
 
 def real_bar(p: Placement, profile: Profile) -> ServiceBar:
     """The SLO ``p`` was judged by (planner.evaluate.plan_bar), bare: on the real engine, not a slowed twin."""
-    return replace(plan_bar(p, profile), slowdown=1.0)
+    return plan_bar(p, profile).flat(1.0)
 
 
 @dataclass

@@ -227,7 +227,7 @@ def test_a_gpu_that_leaves_requests_waiting_minutes_fails_its_judging_runs():
              0.0535892, 2.2432, 0.0129529, 0.00121248]
     ranks = [32] * 14 + [8, 32, 16, 8, 8, 8, 16, 16, 32]
     wl = Workload(tuple(Adapter(f"ad-{i}", r, x) for i, (x, r) in enumerate(zip(rates, ranks))))  # default lengths
-    opts = PlanOptions()
+    opts = PlanOptions(slowdown=profile.planning_slowdown())  # every GPU on the SLO margin, as the night judged it
     bar = opts.bar(profile)
     req = replace(PackRequest.build(wl, profile, load_predictor(profile, "surrogate"), max_gpus=1), bar=bar)
     group = [GpuGroup({i: 1.0 for i in range(len(rates))}, a_max=16, max_lora_rank=32)]
@@ -274,7 +274,7 @@ def test_a_gpu_of_mixed_request_sizes_is_judged_with_a_larger_margin(setup):
     ins = [481, 1052, 382, 992, 469, 43, 2724, 56, 2119, 505, 636, 1328, 92, 95, 266, 72]
     outs = [996, 294, 62, 49, 26, 208, 278, 722, 26, 865, 141, 384, 899, 389, 32, 745]
     wl = Workload(tuple(Adapter(f"ad-{i}", 32, x, a, b) for i, (x, a, b) in enumerate(zip(rates, ins, outs))))
-    opts = PlanOptions()
+    opts = PlanOptions(slowdown=profile.planning_slowdown())  # every GPU on the SLO margin, as the night judged it
     bar = opts.bar(profile)
     req = replace(PackRequest.build(wl, profile, load_predictor(profile, "surrogate"), max_gpus=1), bar=bar)
     group = [GpuGroup({i: 1.0 for i in range(len(rates))}, a_max=8, max_lora_rank=32)]

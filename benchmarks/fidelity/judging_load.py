@@ -63,7 +63,7 @@ def main() -> None:
         if (key, load, seed, duration) not in cache:
             loaded = [replace(sc, rates_rps=sc.rates_rps * load) for sc in scenarios]
             run = replace(opts.run, duration_s=duration, seed=seed, second_seed=None)
-            pred = run.predictor(profile, None, bar.slowdown).predict(loaded)
+            pred = run.predictor(profile, None, bar).predict(loaded)
             cache[(key, load, seed, duration)] = check_of(pred, loaded, load).meets(bar)
         return cache[(key, load, seed, duration)]
 
