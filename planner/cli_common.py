@@ -88,8 +88,10 @@ def slo_options(fn):
     """``--objective``, ``--max-ttft``, ``--max-tpot``, ``--min-served`` and ``--slowdown``: the bar every GPU is
     judged by in the twin (planner.verdict); :func:`slo_settings` reads them."""
     fn = click.option("--slowdown", type=FiniteFloat(1.0, 10.0), default=None, metavar="FACTOR",
-                      help="Judge each GPU on a twin this many times slower than the profile [the profile's safety "
-                           "margin, sized from real runs: `planner profiles`]; 1 judges on the profile as it is.")(fn)
+                      help="Judge every GPU on a twin this many times slower than the profile; 1 judges on the "
+                           "profile as it is. [the profile's safety margins, sized from real runs (`planner "
+                           "profiles`): under the SLO, a GPU of at most 64 adapters on its served-share margin, "
+                           "with the twin's error measured there, the others on its SLO margin]")(fn)
     fn = click.option("--min-served", "min_served", type=FiniteFloat(STARVATION_THRESHOLD, 1.0, max_open=True),
                       default=None, metavar="FRACTION",
                       help="Share of its arriving tokens each GPU must serve in the twin [0.95]. Down to 0.9 (the "

@@ -28,17 +28,20 @@ def profiles(as_json: bool) -> None:
     Example:
       planner profiles --json
     """
+    from planner.verdict import few_adapters
     from twin.profile import DEFAULT_PROFILE_ID, list_profiles
 
     items = []
     for p in list_profiles():
+        few = few_adapters(p, "slo")
         items.append({
             "profile_id": p.profile_id, "default": p.profile_id == DEFAULT_PROFILE_ID,
             "description": p.description, "engine_version": p.engine.version,
             "lora_ranks": list(p.kv.lora_ranks),
             "max_a_max": {str(r): p.kv.max_a_max(r) for r in p.kv.lora_ranks},
             "latency_models": ["default", *p.step_latency_variants],
-            "safety_margin": {"throughput": p.planning_slowdown("throughput"), "slo": p.planning_slowdown("slo")},
+            "safety_margin": {"throughput": p.planning_slowdown("throughput"), "slo": p.planning_slowdown("slo"),
+                              "few_adapters": None if few is None else few.to_dict()},
             "provenance": p.provenance,
         })
     if as_json:
@@ -50,8 +53,10 @@ def profiles(as_json: bool) -> None:
         click.echo(f"  ranks {it['lora_ranks']}, largest --max-loras that starts per rank: {it['max_a_max']}")
         click.echo(f"  latency models: {', '.join(it['latency_models'])}")
         margin = it["safety_margin"]
-        click.echo(f"  safety margin: GPUs judged in a twin {margin['slo']:g}x slower than the profile for the SLO, "
-                   f"{margin['throughput']:g}x for the served share alone (--objective throughput)")
+        click.echo(f"  safety margin: GPUs judged in a twin {margin['slo']:g}x slower than the profile for the SLO"
+                   + (f" ({few['slowdown']:g}x where a GPU serves at most {few['adapters']} adapters)"
+                      if (few := margin["few_adapters"]) else "")
+                   + f", {margin['throughput']:g}x for the served share alone (--objective throughput)")
         click.echo(f"  from: {it['provenance'].get('study') or it['provenance'].get('kind')}")
         click.echo(f"  rebuild: {it['provenance'].get('command', '-')}\n")
 

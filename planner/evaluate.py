@@ -180,10 +180,8 @@ def evaluate_pool(placement: Placement, workload: Workload,
     for kind, part in placement.by_kind():
         profile = load_profile(kind["profile_id"])
         bar, run = judge(part, profile)
-        routed = {aid for inst in part.instances for aid in inst.adapters}
-        own = Workload(tuple(a for a in workload.adapters if a.adapter_id in routed))
-        try:
-            ev = evaluate_placement(part, own, profile, bar, run, policy, progress)
+        try:  # the whole workload: the kind's part takes its adapters' traffic (none where all are missing)
+            ev = evaluate_placement(part, workload, profile, bar, run, policy, progress)
         except ProfileError as exc:  # an instance its kind's profile knows nothing of (an unprofiled rank)
             raise ProfileError(f"kind {kind['name']} ({profile.profile_id}): {exc}") from None
         for i in ev.instances:

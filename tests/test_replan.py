@@ -206,12 +206,12 @@ def test_a_gpu_left_with_nothing_is_dropped_not_kept_empty(tmp_path):
     from twin.workload import Adapter
 
     light = family_workload("log-uniform", 30, 0).adapters
-    _csv, plan = _plan(tmp_path, Workload((Adapter("hot", 8, 50.0), *light)))
+    _csv, plan = _plan(tmp_path, Workload((Adapter("hot", 8, 70.0), *light)))
     previous = read_placement(plan)
     replicas = [i.instance_id for i in previous.instances if list(i.adapters) == ["hot"]]
     assert len(replicas) >= 2
     profile = load_profile()
-    req = pack_request(Workload((Adapter("hot", 8, 100.0), *light)), profile, load_predictor(profile, "surrogate"),
+    req = pack_request(Workload((Adapter("hot", 8, 140.0), *light)), profile, load_predictor(profile, "surrogate"),
                        PlanOptions())
     work = _Replan(previous, req, _Judge(req, DEFAULT_RUN, DEFAULT_BAR, True), ChurnBudget(), True, None)
     work.fix_short()

@@ -21,6 +21,14 @@ folds: a harder test, as each fold loses a quarter of the evidence). The rules:
   held-in runs of the nearest served-adapter count at or above A that were not past their capacity
   (real p99 TTFT within 10 s): the twin's step is taken to be that much too fast there.
 
+* ``few-adapters``: the planner's rule (:func:`planner.verdict.few_adapters`): a run of at most
+  :data:`~planner.verdict.FEW_ADAPTERS` adapters on the profile's served-share margin, the twin's p99 TPOT
+  times a factor and its p99 TTFT plus an allowance per adapter; every other run on the profile's SLO margin.
+  Held out, the factor and the allowance are the largest the held-in runs of at most that many adapters show
+  (real over twin p99 TPOT over the runs not past their capacity; real less twin p99 TTFT per adapter over
+  the runs that met the SLO for real); ``few_adapters`` records them fitted to all runs, beside the
+  planner's constants (which must be at least those), and the rule with the planner's constants.
+
 The flat margins need no held-out runs; they are listed as the bar the fitted ones must beat, and again per
 served-adapter count (``flat_by_adapters``): where along the adapters a GPU serves the twin needs its margin.
 
@@ -40,6 +48,7 @@ import numpy as np
 from benchmarks.fidelity.edge_margin import SLO, slo_run
 from benchmarks.fidelity.twin_fidelity import DEFAULT_DATA, load_runs
 from benchmarks.record import result_path, write_result
+from planner.verdict import FEW_ADAPTERS, FEW_TPOT_FACTOR, FEW_TTFT_MS_PER_ADAPTER
 from twin import load_profile
 
 #: The margins the twin is run at (every rule's margin is rounded up to one of these).
@@ -95,6 +104,25 @@ def fit_tpot(adapters: np.ndarray, ratio: np.ndarray, usable: np.ndarray, base: 
     return rule
 
 
+def few_errors(adapters: np.ndarray, real: np.ndarray, few: np.ndarray, real_ok: np.ndarray,
+               usable: np.ndarray) -> tuple[float, float]:
+    """(the largest real over twin p99 TPOT, the largest real less twin p99 TTFT per adapter, ms) over runs of at
+    most FEW_ADAPTERS adapters, ``few`` being the twin's figures on the served-share margin: the TPOT one over
+    the runs not past their capacity, the TTFT one over the runs that met the SLO for real."""
+    small = adapters <= FEW_ADAPTERS
+    tpot = real[small & usable, 1] / few[small & usable, 1]
+    ttft = (real[small & real_ok, 0] - few[small & real_ok, 0]) / adapters[small & real_ok]
+    return float(tpot.max(initial=1.0)), float(max(ttft.max(initial=0.0), 0.0))
+
+
+def few_decisions(adapters: np.ndarray, few: np.ndarray, slo_ok: np.ndarray, tpot_factor: float,
+                  ttft_ms: float) -> np.ndarray:
+    """The few-adapters rule's verdicts: ``few`` corrected by the factor and allowance where a run serves at most
+    FEW_ADAPTERS adapters, ``slo_ok`` (the twin's verdict on the SLO margin) elsewhere."""
+    corrected = np.stack([few[:, 0] + ttft_ms * adapters, few[:, 1] * tpot_factor], axis=1)
+    return np.where(adapters <= FEW_ADAPTERS, passes(corrected), slo_ok)
+
+
 def score(decided: np.ndarray, real_ok: np.ndarray) -> dict:
     n = len(real_ok)
     dangerous = int(np.sum(decided & ~real_ok))
@@ -122,6 +150,12 @@ def main() -> None:
     ratio = real[:, 1] / figures[:, 0, 1]
     usable = real[:, 0] <= SATURATED_TTFT_MS
 
+    profile = load_profile("h100-64gb-qwen2.5-7b")
+    with ProcessPoolExecutor(args.jobs) as ex:  # the twin on the served-share margin itself
+        few = np.array(list(ex.map(slo_run, [(r, profile.planning_slowdown("throughput")) for r in runs],
+                                   chunksize=4)), float)
+    slo_ok = twin_ok[:, at_least(profile.planning_slowdown("slo"))]
+
     rules: dict[str, dict] = {}
     for k, f in enumerate(FACTORS):
         rules[f"flat-{f:g}"] = {**score(twin_ok[:, k], real_ok), "margin_by_run": f}
@@ -139,11 +173,26 @@ def main() -> None:
                        "dangerous_runs": [f"{runs[i]['scenario']} A={adapters[i]} A_max={runs[i]['A_max']} at "
                                           f"{FACTORS[chosen[i]]:g}" for i in np.flatnonzero(decided & ~real_ok)],
                        "fitted_to_all": {str(a): FACTORS[full(int(a))] for a in np.unique(adapters)}}
+    held_out = np.empty(len(runs), bool)
+    for g in np.unique(groups):
+        out = groups == g
+        tpot_factor, ttft_ms = few_errors(adapters[~out], real[~out], few[~out], real_ok[~out], usable[~out])
+        held_out[out] = few_decisions(adapters[out], few[out], slo_ok[out], tpot_factor, ttft_ms)
+    tpot_all, ttft_all = few_errors(adapters, real, few, real_ok, usable)
+    shipped = few_decisions(adapters, few, slo_ok, FEW_TPOT_FACTOR, FEW_TTFT_MS_PER_ADAPTER)
+    rules["few-adapters"] = {**score(held_out, real_ok), "dangerous_runs": [
+        f"{runs[i]['scenario']} A={adapters[i]} A_max={runs[i]['A_max']}" for i in np.flatnonzero(held_out & ~real_ok)]}
+    few_record = {"adapters": FEW_ADAPTERS, "served_share_slowdown": profile.planning_slowdown("throughput"),
+                  "slo_slowdown": profile.planning_slowdown("slo"),
+                  "fitted_to_all": {"tpot_factor": round(tpot_all, 3), "ttft_ms_per_adapter": round(ttft_all, 2)},
+                  "planner": {"tpot_factor": FEW_TPOT_FACTOR, "ttft_ms_per_adapter": FEW_TTFT_MS_PER_ADAPTER,
+                              **score(shipped, real_ok)}}
     by_adapters = {str(a): {f"{f:g}": score(twin_ok[adapters == a, k], real_ok[adapters == a])
                             for k, f in enumerate(FACTORS)} for a in np.unique(adapters)}
     out = {"benchmark": "margin_rules", "profile": "h100-64gb-qwen2.5-7b", "hold_out": args.hold_out,
            "slo": SLO, "factors": list(FACTORS), "runs": len(runs), "real_meet": int(real_ok.sum()),
-           "throughput_margin": FACTORS[base], "rules": rules, "flat_by_adapters": by_adapters,
+           "throughput_margin": FACTORS[base], "rules": rules, "few_adapters": few_record,
+           "flat_by_adapters": by_adapters,
            "per_run": [{"scenario": r["scenario"], "A": int(a), "A_max": int(r["A_max"]), "real_ok": bool(ok),
                         "needed": FACTORS[n], "tpot_ratio": round(float(q), 3)}
                        for r, a, ok, n, q in zip(runs, adapters, real_ok, need, ratio)]}
@@ -153,6 +202,8 @@ def main() -> None:
         print(f"{name:22s} right {r['right']:3d}  dangerous {r['dangerous']:2d}  wasteful {r['wasteful']:2d} "
               f"({r['wasteful_share']:.1%})")
     print(json.dumps({k: v.get("fitted_to_all") for k, v in rules.items() if "fitted_to_all" in v}))
+    print(f"few-adapters, fitted to all runs: {few_record['fitted_to_all']}; the planner's constants: "
+          + json.dumps(few_record["planner"]))
     for a, by in by_adapters.items():
         print(f"{a:>4s} adapters ({by['1']['runs']:2d} runs, {by['1']['real_meet']:2d} meet the SLO): dangerous at flat " + ", ".join(
             f"{f}: {v['dangerous']}" for f, v in by.items() if float(f) <= 1.3)
