@@ -108,6 +108,15 @@ class AdapterRow(_Closed):
     _id = field_validator("adapter_id")(_check_id)
 
 
+class FewAdaptersRule(_Strict):
+    """How a GPU of few adapters was judged instead (``confirmation.few_adapters``; models.twin_predictor.FewAdapters)."""
+
+    adapters: Annotated[int, Field(ge=1, le=100_000)]
+    slowdown: Annotated[float, Field(ge=1, le=10, allow_inf_nan=False)]
+    tpot_factor: Annotated[float, Field(ge=1, le=10, allow_inf_nan=False)] = 1.0
+    ttft_ms_per_adapter: Annotated[float, Field(ge=0, le=10_000, allow_inf_nan=False)] = 0.0
+
+
 class Confirmation(_Open):
     """How the twin judged the plan (``inputs.confirmation``)."""
 
@@ -130,6 +139,7 @@ class Confirmation(_Open):
     max_ttft_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
     max_tpot_ms: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
     slowdown: Annotated[float, Field(ge=1, le=10, allow_inf_nan=False)] = 1.0
+    few_adapters: FewAdaptersRule | None = None  # absent: every GPU on ``slowdown``
     # the packing rounds (planner.confirm.Confirmation.to_dict)
     margin: Annotated[float, Field(ge=0, le=10, allow_inf_nan=False)] | None = None
     repacked_gpus: Annotated[int, Field(ge=0)] = 0

@@ -1,0 +1,122 @@
+"""The safety margin by the adapters a GPU serves: under the SLO a GPU of few adapters is judged on the profile's
+served-share margin, with the twin's error measured there, and every other GPU on its SLO margin."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from models.predictor import load_predictor
+from models.scenario import GpuScenario
+from models.twin_predictor import FewAdapters, TwinPredictor
+from planner.cli import main
+from planner.packing import PackRequest
+from planner.plan import PlanOptions
+from planner.verdict import FEW_ADAPTERS, ServiceBar
+from tests.test_prefix_search import plan, random_workload
+from twin import load_profile
+
+LLAMA = "h100-64gb-llama-3.1-8b"
+
+
+def _scenario(adapters: int, rate: float) -> GpuScenario:
+    return GpuScenario(np.full(adapters, 16), np.full(adapters, rate), np.full(adapters, 300.0),
+                       np.full(adapters, 200.0), adapters)
+
+
+def test_a_gpu_of_few_adapters_runs_on_the_smaller_margin_with_the_twins_error_added():
+    """Per scenario: at most ``few.adapters`` adapters on the GPU ``few.slowdown`` times slower, its p99 TTFT
+    (and p99.9) plus the allowance per adapter and its p99 TPOT times the factor; more adapters on ``slowdown``
+    as they are; in worker processes alike."""
+    profile = load_profile(LLAMA)
+    few = FewAdapters(4, 1.05, 1.5, 10.0)
+    small, large = _scenario(4, 1.5), _scenario(6, 1.0)
+    ruled = TwinPredictor(profile, duration_s=300.0, slowdown=1.4, few=few).predict([small, large])
+    on_few = TwinPredictor(profile, duration_s=300.0, slowdown=1.05).predict([small])
+    flat = TwinPredictor(profile, duration_s=300.0, slowdown=1.4).predict([small, large])
+    assert ruled.ttft_ms_p99_all[0] == pytest.approx(on_few.ttft_ms_p99_all[0] + 40.0)
+    assert ruled.ttft_ms_p999_all[0] == pytest.approx(on_few.ttft_ms_p999_all[0] + 40.0)
+    assert ruled.tpot_ms_p99[0] == pytest.approx(on_few.tpot_ms_p99[0] * 1.5)
+    assert ruled.throughput_tok_s[0] == on_few.throughput_tok_s[0]
+    for field in ("throughput_tok_s", "ttft_ms_p99_all", "tpot_ms_p99"):
+        assert getattr(ruled, field)[1] == getattr(flat, field)[1]
+    assert on_few.tpot_ms_p99[0] < flat.tpot_ms_p99[0]  # the smaller margin is what the rule is for
+    parallel = TwinPredictor(profile, duration_s=300.0, slowdown=1.4, few=few, jobs=2).predict([small, large])
+    assert np.array_equal(parallel.ttft_ms_p99_all, ruled.ttft_ms_p99_all)
+    assert np.array_equal(parallel.tpot_ms_p99, ruled.tpot_ms_p99)
+
+
+def test_the_rule_applies_under_the_slo_where_the_profile_has_a_larger_slo_margin_and_no_slowdown_is_given():
+    llama, gpu80 = load_profile(LLAMA), load_profile("h100-80gb-llama-3.1-8b")
+    bar = PlanOptions().bar(llama)
+    assert bar.slowdown == llama.planning_slowdown("slo") == 1.3
+    assert bar.few == FewAdapters(FEW_ADAPTERS, llama.planning_slowdown("throughput"), bar.few.tpot_factor,
+                                  bar.few.ttft_ms_per_adapter)
+    assert bar.few.tpot_factor > 1 and bar.few.ttft_ms_per_adapter > 0
+    assert PlanOptions(objective="throughput").bar(llama).few is None
+    assert PlanOptions(slowdown=1.3).bar(llama).few is None  # --slowdown: every GPU on that margin
+    assert PlanOptions(slowdown=1.3, few=bar.few).bar(llama) == bar  # a re-plan keeps its plan's rule
+    assert gpu80.planning_slowdown("throughput") == gpu80.planning_slowdown("slo")
+    assert PlanOptions().bar(gpu80).few is None
+    assert ServiceBar.from_dict(bar.to_dict()) == bar
+    older = {k: v for k, v in bar.to_dict().items() if k != "few_adapters"}
+    assert ServiceBar.from_dict(older) == bar.flat(1.3)  # a plan from before the rule reads as it was judged
+    assert "7% where it serves at most 64 adapters" in bar.describe()
+
+
+@pytest.mark.parametrize("kind", ["small-tree", "surrogate"])
+def test_the_packer_aims_a_group_of_few_adapters_at_its_rule_in_both_searches(monkeypatch, kind):
+    """A window of few adapters is asked about its smaller margin, with the TTFT allowance taken off its limit
+    and without the edge classifier (which learnt the larger margin's verdicts): the compiled search and
+    best_a_max give the same plan, which needs fewer GPUs than every window on the larger margin."""
+    llama = load_profile(LLAMA)
+    pred = load_predictor(llama, kind)
+    edge = getattr(pred, "edge", None) is not None
+    flat = replace(PackRequest.build(random_workload(300, 9), llama, pred, 1000), margin=0.3, tpot_aim=1.3,
+                   bar=ServiceBar(slowdown=1.3), edge=edge)
+    few = FewAdapters(FEW_ADAPTERS, 1.066, 1.6, 5.5)
+    ruled = replace(flat, bar=replace(flat.bar, few=few), few=few, few_margin=0.066)
+    assert ruled.aim_scale({i: 1.0 for i in range(FEW_ADAPTERS)}) == pytest.approx(1.066)
+    assert ruled.aim_scale({i: 1.0 for i in range(FEW_ADAPTERS + 1)}) == pytest.approx(1.3)
+    fast, _ = plan(ruled, monkeypatch, True)
+    slow, _ = plan(ruled, monkeypatch, False)
+    assert fast == slow and not isinstance(fast, str)
+    assert len(fast) < len(plan(flat, monkeypatch, True)[0])
+
+
+def _run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_a_plan_records_the_rule_and_evaluate_and_replan_judge_by_it(tmp_path):
+    """200 adapters of log-uniform rates: GPUs of at most 64 adapters on the smaller margin take fewer GPUs than
+    --slowdown 1.3 (every GPU on the SLO margin), and every one of them passes; the plan records the rule;
+    evaluate judges by it (by --slowdown on one margin) and a re-plan of the same workload keeps it and changes
+    nothing."""
+    from twin.families import family_workload, write_workload_csv
+
+    workload = tmp_path / "w.csv"
+    write_workload_csv(family_workload("log-uniform", 200, 3), workload)
+    res = _run("plan", workload, "--out", tmp_path / "plan.json")
+    assert res.exit_code == 0, res.output
+    doc = json.loads((tmp_path / "plan.json").read_text())
+    conf = doc["inputs"]["confirmation"]
+    assert conf["few_adapters"]["adapters"] == FEW_ADAPTERS and conf["failing_gpus"] == 0
+    assert "7% where it serves at most 64 adapters" in res.output
+    assert _run("plan", workload, "--slowdown", 1.3, "--out", tmp_path / "flat.json").exit_code == 0
+    flat = json.loads((tmp_path / "flat.json").read_text())
+    assert "few_adapters" not in flat["inputs"]["confirmation"]
+    assert doc["summary"]["gpus"] < flat["summary"]["gpus"]
+    ev = json.loads(_run("evaluate", tmp_path / "plan.json", workload, "--json").stdout)
+    assert ev["ok"] and ev["slo"]["few_adapters"] == conf["few_adapters"]
+    one = json.loads(_run("evaluate", tmp_path / "plan.json", workload, "--slowdown", 1.3, "--json").stdout)
+    assert "few_adapters" not in one["slo"]
+    res = _run("replan", workload, "--previous", tmp_path / "plan.json", "--out", tmp_path / "again.json")
+    assert res.exit_code == 0, res.output
+    again = json.loads((tmp_path / "again.json").read_text())
+    assert again["inputs"]["confirmation"]["few_adapters"] == conf["few_adapters"]
+    assert [i["adapters"] for i in again["instances"]] == [i["adapters"] for i in doc["instances"]]
