@@ -307,6 +307,8 @@ def _judging_words(bar, run, seed: int) -> str:
     from planner.verdict import bounds_words
 
     seeds = f"seed {seed}" + ("" if run.second_seed is None else f", then {run.second_seed} if it passes")
+    if run.second_seed is not None and run.third_seed is not None:
+        seeds += f", then {run.third_seed} if a request waited past the TTFT limit in either"
     seeds += bounds_words(run.tail_factor, run.tpot_factor, bar.max_ttft_s, bar.max_tpot_ms)
     return (f"{bar.describe()} (twin: {run.describe_length()}, {seeds}, "
             f"{'the traffic itself' if run.load == 1.0 else f'{run.load:g} x the traffic'}"

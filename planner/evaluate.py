@@ -221,6 +221,7 @@ def judging_run(placement: Placement, seed: int, load: float | None = None, **kw
     own = seed == conf.get("seed", CONFIRM_SEED)
     plan_load = float(conf.get("load") or CONFIRM_LOAD) if own else 1.0
     second = conf.get("second_seed", SECOND_SEED) if own else None
+    third = conf.get("third_seed") if own else None  # none before plans recorded one
     tail = conf.get("tail_factor") if own else None  # no bound before plans recorded one
     tpot = conf.get("tpot_factor") if own else None
     kw.setdefault("size_scaled", bool(conf.get("size_scaled")) if own else False)
@@ -230,4 +231,4 @@ def judging_run(placement: Placement, seed: int, load: float | None = None, **kw
             kw.update(min_requests=float(conf["min_requests"]),
                       max_duration_s=float(conf.get("max_duration_s") or CONFIRM_DURATION_S))
     return TwinRun(seed=seed, load=plan_load if load is None else load, second_seed=second, tail_factor=tail,
-                  tpot_factor=tpot, **kw)
+                   tpot_factor=tpot, third_seed=third, **kw)

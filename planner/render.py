@@ -61,6 +61,8 @@ def slo_line(c: dict, margins: dict[str, dict] | None = None) -> str:
             line += " (more where request sizes vary)"
     if c.get("second_seed") is not None:
         line += f", seed {c['seed']} and again {c['second_seed']}"
+        if c.get("third_seed") is not None:
+            line += f" (and {c['third_seed']} where a request waited past the TTFT limit in either)"
     line += bounds_words(c.get("tail_factor"), c.get("tpot_factor"), c.get("max_ttft_s"), c.get("max_tpot_ms"))
     if margins:
         line += (", on a GPU slower than its kind's profile by the kind's safety margin: "

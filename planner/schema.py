@@ -125,6 +125,7 @@ class Confirmation(_Open):
     seed: int
     load: Annotated[float, Field(ge=1, le=10, allow_inf_nan=False)] | None = None  # traffic multiple judged
     second_seed: int | None = None  # the seed a GPU that passed was run again with
+    third_seed: int | None = None  # and one that passed both but left a request past its TTFT limit in one
     # in each run p99.9 TTFT was within this many times the TTFT limit (None: not bounded)
     tail_factor: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
     # in each run p99 TPOT was within this many times the TPOT limit (None: the limit)
