@@ -44,7 +44,14 @@ request in a hundred the p99 is gone. So in each judging run the p99.9 TTFT must
 up by an interactive user anyway (``python -m benchmarks.fidelity.knee_rules`` on nights
 ``benchmarks.placement.nightly --keep`` kept; docs/planning.md). At 10 times, 2 GPUs of 1,914 re-planned
 GPU-nights of mixed request lengths passed with a p99.9 of 15 and 18 s and missed the SLO with a new
-seed; at 5 times none did, at the same GPUs (``nightly --families mixed-lengths``). Throughput is the served share times the planned arriving tokens.
+seed; at 5 times none did, at the same GPUs (``nightly --families mixed-lengths``). A GPU that passes both runs
+but left a request in a thousand waiting past its TTFT limit in one (p99.9 TTFT over the limit, within the
+bound) is run a third time, with :data:`THIRD_SEED`: on 30 re-planned nights of a log-uniform fleet whose GPUs
+of at most 64 adapters were judged on the smaller margin (:func:`few_adapters`) by two runs, one GPU of 58
+adapters passed at 1.66 s p99 TTFT (p99.9 2.8 s) and missed the SLO with the night's evaluation seed (2.7 s),
+the only one of 916 GPU-nights to miss in six other hours; with the third run no GPU of the 917 of those
+nights missed in six other hours (``python -m benchmarks.fidelity.knee_rules`` on ``nightly --keep``).
+Throughput is the served share times the planned arriving tokens.
 A GPU whose request sizes vary more than the profile's default lengths is judged with a larger margin in
 proportion (``TwinRun.size_scaled``, :func:`models.twin_predictor.size_factor`): with mixed request lengths
 a GPU's hourly p99 wanders, and of 764 GPUs of random 10,000-adapter mixed-length plans that two runs at
