@@ -187,8 +187,8 @@ def _largest_prefix(terms, queue, k_max, tables, aim, forests):
     :meth:`PrefixSearch._candidate_tables`; ``aim``: (1 + the margin, the stress factor on top of it, the
     served share required, whether the TTFT forest predicts the TTFT limit, the same of TPOT, the size margin
     and the three size terms of :meth:`PackRequest.aim_scale`, whether the edge classifier must give
-    "passes", the least probability it must give, then :meth:`PrefixSearch._few_aim`); ``forests``: the throughput, starved, TTFT, TPOT and edge
-    forests as :func:`_record` gives them."""
+    "passes", the least probability it must give, then :meth:`PrefixSearch._few_aim`); ``forests``: the
+    throughput, starved, TTFT, TPOT and edge forests as :func:`_record` gives them."""
     ranks, rates, input_tokens, output_tokens, ttft_limits, tpot_limits = queue
     rank_values = tables[0]
     need = np.empty(k_max, np.int64)  # row of rank_values holding each prefix's largest rank
