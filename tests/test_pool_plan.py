@@ -251,8 +251,9 @@ def test_a_mix_the_twin_packed_kinds_judged_alone_show_no_cheaper_is_not_judged(
     from twin.workload import Workload
 
     wl = Workload(tuple(a for a in read_workload(WL).adapters if a.rank <= 16))  # both kinds serve every one
-    (tmp_path / "pool.yaml").write_text("kinds:\n" + "".join(
-        f"  - {{name: {n}, profile: {CPU}, price_per_hour: {p}}}\n" for n, p in (("cpu-a", 0.01), ("cpu-b", 0.015))))
+    (tmp_path / "pool.yaml").write_text("kinds:\n" + "".join(  # one of cpu-b: it cannot serve everything alone
+        f"  - {{name: {n}, profile: {CPU}, price_per_hour: {p}{c}}}\n"
+        for n, p, c in (("cpu-a", 0.01, ""), ("cpu-b", 0.015, ", count: 1"))))
     judged = []
     monkeypatch.setattr(PoolPlanner, "confirm", lambda self, pack, reuse=False: judged.append(pack.kind.name) or KindPack(
         pack.kind, pack.members, pack.req, pack.groups + pack.groups[-1:]))
@@ -277,6 +278,41 @@ def test_a_mix_the_twin_packed_kinds_judged_alone_show_no_cheaper_is_not_judged(
     assert chosen.single == same.single == "cpu-a" and same.packs[0].gpus == alone
     assert planner.estimate_shortfall == {"cpu-a": alone / (alone - 1)}
     assert with_shortfall == ["cpu-a"] and without == ["cpu-a", "cpu-a"]  # the mix's cpu-a part: a GPU more too
+
+
+def test_a_twin_packed_kind_alone_within_a_gpu_of_the_best_judged_is_judged_all_the_same(tmp_path, monkeypatch):
+    """Its estimate's shorter runs can pack a GPU more than the judging runs: a kind the twin packs, alone, whose
+    packing costs more than the best judged mix by less than one of its GPUs is judged, and taken where the
+    judging runs pack it on a GPU fewer (a pool plan costs no more than `planner plan` of any kind alone)."""
+    from planner.pool_plan import KindPack, PoolChoice, PoolPlanner, plan_pool
+    from planner.workload_csv import read_workload
+    from twin.workload import Workload
+
+    wl = Workload(tuple(a for a in read_workload(WL).adapters if a.rank <= 16))
+    (tmp_path / "pool.yaml").write_text("kinds:\n" + "".join(
+        f"  - {{name: {n}, profile: {CPU}, price_per_hour: {p}{c}}}\n"
+        for n, p, c in (("cpu-a", 0.01, ""), ("cpu-b", 0.005, ", count: 1"))))
+    judged = []
+
+    def confirm(self, pack, reuse=False):  # alone, the judging runs pack a GPU fewer than the estimate
+        judged.append("alone" if len(pack.members) == len(wl) else pack.kind.name)
+        return KindPack(pack.kind, pack.members, pack.req, pack.groups[:-1] if len(pack.members) == len(wl)
+                        else pack.groups)
+
+    def mix(self, prices, bound=np.inf):  # a GPU's worth fewer adapters on cpu-a, those on cpu-b's one GPU
+        a, b = self.pool.kinds
+        n = len(wl)
+        alone = self.pack(a, np.arange(n)).gpus
+        k = next(k for k in range(1, n) if self.pack(a, np.arange(n - k)).gpus < alone)
+        return [PoolChoice([self.pack(a, np.arange(n - k)), self.pack(b, np.arange(n - k, n))], None)]
+
+    monkeypatch.setattr(PoolPlanner, "confirm", confirm)
+    monkeypatch.setattr(PoolPlanner, "mixes", mix)
+    planner = _planner(tmp_path, tmp_path / "pool.yaml", wl)
+    estimate = planner.pack(planner.pool.kinds[0], np.arange(len(wl))).gpus
+    chosen = plan_pool(planner).chosen
+    assert judged[-1] == "alone" and "alone" not in judged[:-1]  # the mix, cheaper as packed, first
+    assert chosen.single == "cpu-a" and chosen.packs[0].gpus == estimate - 1
 
 
 def test_a_twin_packed_kind_balances_only_the_packing_that_prices_its_adapters(tmp_path, monkeypatch):
