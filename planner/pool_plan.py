@@ -16,7 +16,8 @@ How (``make_pool_plan``):
    all pass (a kind the twin packs is packed again by the twin of the judging runs; in a mix, it may keep the
    GPUs judged for an earlier option that hold only adapters it serves here, and pack the rest:
    :meth:`PoolPlanner.confirm`), until no option left
-   could beat the cheapest judged one, which is the plan. An option's kinds with a surrogate are judged first,
+   could beat the cheapest judged one, which is the plan (a kind the twin packs, alone, is judged while within
+   one GPU of it: its estimate can take a GPU more than the judging runs). An option's kinds with a surrogate are judged first,
    and it is dropped once those and its other kinds' packings cost as much as the best judged. A mix is passed
    over, too, where its twin-packed kinds' GPUs, scaled by how many more the judging runs took than the
    estimate where that kind was judged serving everything alone, make it cost as much as the best judged. A mix
