@@ -242,11 +242,23 @@ def test_a_mix_that_judging_takes_over_a_count_is_formed_again_with_room_kept(tm
     assert not chosen.over_count()
 
 
+def _a_gpu_off_cpu_a(self, prices, bound=np.inf):
+    """PoolPlanner.mixes of a pool of cpu-a and cpu-b: one mix, a GPU's worth fewer adapters on cpu-a (the
+    fewest last ones), those on cpu-b."""
+    from planner.pool_plan import PoolChoice
+
+    a, b = self.pool.kinds
+    n = len(self.workload)
+    alone = self.pack(a, np.arange(n)).gpus
+    k = next(k for k in range(1, n) if self.pack(a, np.arange(n - k)).gpus < alone)
+    return [PoolChoice([self.pack(a, np.arange(n - k)), self.pack(b, np.arange(n - k, n))], None)]
+
+
 def test_a_mix_the_twin_packed_kinds_judged_alone_show_no_cheaper_is_not_judged(tmp_path, monkeypatch):
     """Judging adds a GPU to every packing of a twin-packed kind: once a kind's packing of every adapter came out
     a GPU over its estimate, a mix whose estimate is cheaper than that only by less than that shortfall is not
     judged (it is, with the shortfall left out), and the plan is the same."""
-    from planner.pool_plan import KindPack, PoolChoice, PoolPlanner, plan_pool
+    from planner.pool_plan import KindPack, PoolPlanner, plan_pool
     from planner.workload_csv import read_workload
     from twin.workload import Workload
 
@@ -258,14 +270,7 @@ def test_a_mix_the_twin_packed_kinds_judged_alone_show_no_cheaper_is_not_judged(
     monkeypatch.setattr(PoolPlanner, "confirm", lambda self, pack, reuse=False: judged.append(pack.kind.name) or KindPack(
         pack.kind, pack.members, pack.req, pack.groups + pack.groups[-1:]))
 
-    def mix(self, prices, bound=np.inf):  # a GPU's worth fewer adapters on cpu-a, those on one GPU of cpu-b
-        a, b = self.pool.kinds
-        n = len(wl)
-        alone = self.pack(a, np.arange(n)).gpus
-        k = next(k for k in range(1, n) if self.pack(a, np.arange(n - k)).gpus < alone)
-        return [PoolChoice([self.pack(a, np.arange(n - k)), self.pack(b, np.arange(n - k, n))], None)]
-
-    monkeypatch.setattr(PoolPlanner, "mixes", mix)
+    monkeypatch.setattr(PoolPlanner, "mixes", _a_gpu_off_cpu_a)
     outcomes = []
     for shortfall in (True, False):
         if not shortfall:
@@ -284,7 +289,7 @@ def test_a_twin_packed_kind_alone_within_a_gpu_of_the_best_judged_is_judged_all_
     """Its estimate's shorter runs can pack a GPU more than the judging runs: a kind the twin packs, alone, whose
     packing costs more than the best judged mix by less than one of its GPUs is judged, and taken where the
     judging runs pack it on a GPU fewer (a pool plan costs no more than `planner plan` of any kind alone)."""
-    from planner.pool_plan import KindPack, PoolChoice, PoolPlanner, plan_pool
+    from planner.pool_plan import KindPack, PoolPlanner, plan_pool
     from planner.workload_csv import read_workload
     from twin.workload import Workload
 
@@ -299,15 +304,8 @@ def test_a_twin_packed_kind_alone_within_a_gpu_of_the_best_judged_is_judged_all_
         return KindPack(pack.kind, pack.members, pack.req, pack.groups[:-1] if len(pack.members) == len(wl)
                         else pack.groups)
 
-    def mix(self, prices, bound=np.inf):  # a GPU's worth fewer adapters on cpu-a, those on cpu-b's one GPU
-        a, b = self.pool.kinds
-        n = len(wl)
-        alone = self.pack(a, np.arange(n)).gpus
-        k = next(k for k in range(1, n) if self.pack(a, np.arange(n - k)).gpus < alone)
-        return [PoolChoice([self.pack(a, np.arange(n - k)), self.pack(b, np.arange(n - k, n))], None)]
-
     monkeypatch.setattr(PoolPlanner, "confirm", confirm)
-    monkeypatch.setattr(PoolPlanner, "mixes", mix)
+    monkeypatch.setattr(PoolPlanner, "mixes", _a_gpu_off_cpu_a)
     planner = _planner(tmp_path, tmp_path / "pool.yaml", wl)
     estimate = planner.pack(planner.pool.kinds[0], np.arange(len(wl))).gpus
     chosen = plan_pool(planner).chosen
