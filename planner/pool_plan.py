@@ -178,9 +178,13 @@ class PoolPlanner:
         """The kind's packing of ``members`` without the twin's verdict (cached: packings are deterministic).
         A kind the twin packs is balanced only where its adapters are ``priced`` from the packing: elsewhere only
         its GPU count is used (the twin packs it again when judging), and balancing, which keeps the count,
-        is most of the twin's packing work."""
+        is most of the twin's packing work; where the same adapters were packed to price them, that packing
+        serves."""
         balance = self.opts.balance and (priced or not self.twin_packed(kind))
         key = (kind.name, members.tobytes(), balance)
+        balanced = (kind.name, members.tobytes(), True)
+        if not balance and balanced in self._packed:
+            return self._packed[balanced]
         if key not in self._packed:
             req = self.request(kind, members)
             self._packed[key] = KindPack(kind, members, req, run_algorithm(req, replace(self.opts, balance=balance)))

@@ -336,6 +336,16 @@ def test_a_twin_packed_kind_balances_only_the_packing_that_prices_its_adapters(t
         key[:2] for key in planner._packed if key[0] == "h100-64gb"}  # the surrogate's kind: every packing
 
 
+def test_a_twin_packed_kind_asked_for_the_adapters_it_priced_is_not_packed_again(tmp_path):
+    """Balancing keeps the GPU count, which is all a mix asks of its packing: the priced one serves."""
+    planner = _planner(tmp_path)
+    cpu = next(k for k in planner.pool.kinds if k.name == "cpu")
+    members = planner.servable["cpu"].nonzero()[0]
+    priced = planner.pack(cpu, members, priced=True)
+    assert planner.pack(cpu, members) is priced and len(planner._packed) == 1
+    assert planner.pack(cpu, members[1:]) is not priced and len(planner._packed) == 2
+
+
 def test_a_mix_keeps_the_twin_packed_gpus_judged_for_an_earlier_option_and_packs_only_the_rest(tmp_path):
     """A kind the twin packs, judged serving every adapter; a mix leaving a few of them to another kind keeps
     every GPU that holds none of those (the same adapters, the same figures as the twin gives them anew) and
