@@ -329,18 +329,8 @@ class PoolPlanner:
             rest = np.delete(pack.members, movable[:n])
             return not len(rest) or self.pack(pack.kind, rest).gpus <= count
 
-        lo, hi = 0, len(movable)
         guess = int(np.searchsorted(np.cumsum(here[movable]), (pack.gpus - count) * pack.kind.price)) + 1
-        mid = min(max(guess, 1), hi)
-        for _ in range(FILL_PROBES):
-            if lo >= hi:
-                break
-            if fits(mid):
-                hi = mid
-            else:
-                lo = mid + 1
-            mid = (lo + hi) // 2
-        return hi
+        return _bisect(len(movable), guess, FILL_PROBES, fits, fewest=True)
 
     def quick_cost(self, choice: np.ndarray, prices: np.ndarray) -> float:
         """What the mix ``choice`` costs: its kinds with a surrogate packed; a kind the twin packs (slow) its
@@ -370,27 +360,8 @@ class PoolPlanner:
         most :data:`FILL_PROBES` packings), where their price shares where they are add up to a GPU there and the
         whole mix then costs less. A kind whose GPUs alone cost
         ``bound`` or more is not filled: the mix would cost more than that however it were filled."""
-        for j, kind in enumerate(self.pool.kinds):
-            mine = choice == j
-            mine_idx = np.flatnonzero(mine)
-            others = np.flatnonzero(~mine & self.servable[kind.name])
-            if not len(mine_idx) or not len(others) or self.pack(kind, mine_idx).cost >= bound:
-                continue
-            gpus = self.pack(kind, mine_idx).gpus
-            others = others[np.argsort(prices[j, others] / prices[choice[others], others], kind="stable")]
-            # First guess: the others whose price shares here add up to the room left on its GPUs.
-            spare = gpus * kind.price - prices[j, mine].sum()
-            lo, hi = 0, len(others)
-            mid = min(max(int(np.searchsorted(np.cumsum(prices[j, others]), spare)), 1), hi)
-            for _ in range(TWIN_FILL_PROBES if self.twin_packed(kind) else FILL_PROBES):
-                if lo >= hi:
-                    break
-                if self.pack(kind, np.union1d(mine_idx, others[:mid])).gpus <= gpus:
-                    lo = mid
-                else:
-                    hi = mid - 1
-                mid = (lo + hi + 1) // 2
-            moved = others[:lo]
+        for j in range(len(self.pool.kinds)):
+            moved = self._fitting_others(j, choice, prices, bound)
             if not any(prices[i, moved[choice[moved] == i]].sum() >= self.pool.kinds[i].price
                        for i in np.unique(choice[moved])):
                 continue  # they take less than a GPU's price where they are: none would be freed
@@ -399,6 +370,41 @@ class PoolPlanner:
             if self._choice(trial).cost < self._choice(choice).cost:
                 choice = trial
         return choice
+
+    def _fitting_others(self, j: int, choice: np.ndarray, prices: np.ndarray, bound: float) -> np.ndarray:
+        """The adapters of other kinds that kind ``j``'s GPUs in ``choice`` still take (:meth:`fill`)."""
+        kind = self.pool.kinds[j]
+        mine = choice == j
+        mine_idx = np.flatnonzero(mine)
+        others = np.flatnonzero(~mine & self.servable[kind.name])
+        if not len(mine_idx) or not len(others) or self.pack(kind, mine_idx).cost >= bound:
+            return others[:0]
+        gpus = self.pack(kind, mine_idx).gpus
+        others = others[np.argsort(prices[j, others] / prices[choice[others], others], kind="stable")]
+        # First guess: the others whose price shares here add up to the room left on its GPUs.
+        spare = gpus * kind.price - prices[j, mine].sum()
+        guess = int(np.searchsorted(np.cumsum(prices[j, others]), spare))
+        taken = _bisect(len(others), guess, TWIN_FILL_PROBES if self.twin_packed(kind) else FILL_PROBES,
+                        lambda n: self.pack(kind, np.union1d(mine_idx, others[:n])).gpus <= gpus, fewest=False)
+        return others[:taken]
+
+
+def _bisect(n: int, guess: int, probes: int, fits: Callable[[int], bool], fewest: bool) -> int:
+    """The fewest (``fewest``) or the most of 0..``n`` that ``fits``, which holds from some count up (down):
+    bisected from ``guess`` (clamped to 1..n) in at most ``probes`` calls; when they run out, the nearest count
+    known to fit (``n`` is taken to fit where the fewest are asked for, 0 where the most are)."""
+    lo, hi = 0, n
+    mid = min(max(guess, 1), n)
+    for _ in range(probes):
+        if lo >= hi:
+            break
+        if fewest:
+            lo, hi = (lo, mid) if fits(mid) else (mid + 1, hi)
+            mid = (lo + hi) // 2
+        else:
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+            mid = (lo + hi + 1) // 2
+    return hi if fewest else lo
 
 
 @dataclass

@@ -336,6 +336,27 @@ def test_a_twin_packed_kind_balances_only_the_packing_that_prices_its_adapters(t
         key[:2] for key in planner._packed if key[0] == "h100-64gb"}  # the surrogate's kind: every packing
 
 
+@pytest.mark.parametrize("fewest", [True, False])
+def test_the_pool_bisection_finds_the_edge_from_any_guess_and_stops_at_a_count_known_to_fit(fewest):
+    from planner.pool_plan import _bisect
+
+    def fitting(edge: int, asked: list[int]):
+        def fits(k: int) -> bool:
+            asked.append(k)
+            return k >= edge if fewest else k <= edge
+        return fits
+
+    for n in (0, 1, 7, 100):
+        for edge in range(n + 1):
+            for guess in (0, 1, edge, n, n + 5):
+                assert _bisect(n, guess, 12, fitting(edge, []), fewest) == edge
+                asked: list[int] = []
+                found = _bisect(n, guess, 2, fitting(edge, asked), fewest)
+                known = n if fewest else 0  # taken to fit without asking
+                assert len(asked) <= 2 and (found == known or found in asked)
+                assert (found >= edge) if fewest else (found <= edge)
+
+
 def test_a_twin_packed_kind_asked_for_the_adapters_it_priced_is_not_packed_again(tmp_path):
     """Balancing keeps the GPU count, which is all a mix asks of its packing: the priced one serves."""
     planner = _planner(tmp_path)
