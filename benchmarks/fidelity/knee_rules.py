@@ -17,7 +17,10 @@ miss the SLO in some other hour. Rules:
 * ``size_margin``: the tail bound at :data:`planner.verdict.TAIL_FACTOR` with each GPU's margin scaled by how
   much its request sizes vary (``TwinRun.size_scaled``);
 * ``size_margin_third``: that, and a third run (seed 202, size-scaled too) where p99.9 TTFT of one of the first
-  two is over the limit: the rule :mod:`planner.verdict` uses now.
+  two is over the limit, a GPU of few adapters (``planner.verdict.few_adapters``) judged in it on the SLO margin
+  as every other GPU: the rule :mod:`planner.verdict` uses now;
+* ``size_margin_third_few_margin``: the same with that GPU's third run on its own smaller margin (the rule
+  before).
 
 Nights kept by plans judged with a rule pass that rule on every GPU; compare rules on nights whose plans
 were judged by the laxest (``nightly --tail-factor 0``: two seeds, no tail bound; fresh plans:
@@ -40,12 +43,11 @@ from benchmarks.record import write_result
 from planner.evaluate import evaluation_request, plan_bar
 from planner.packing import group_scenario
 from planner.placement import read_placement
-from planner.verdict import CONFIRM_SEED, SECOND_SEED, TAIL_FACTOR, TwinRun, twin_check
+from planner.verdict import CONFIRM_SEED, SECOND_SEED, TAIL_FACTOR, THIRD_SEED, TwinRun, twin_check
 from planner.workload_csv import read_workload
 from twin import load_profile
 from twin.progress import Progress
 
-THIRD_SEED = 202
 TAIL_FACTORS = (5.0, 10.0, 20.0, 50.0)
 
 
@@ -88,7 +90,12 @@ def night(plan_path: Path, hours: int, jobs: int) -> dict:
              "p99_within_half": two & ~(np.fmax(runs[CONFIRM_SEED][2], runs[SECOND_SEED][2]) > 0.5),
              "size_margin": scaled[CONFIRM_SEED][0] & scaled[SECOND_SEED][0]}
     scaled_tail = np.fmax(scaled[CONFIRM_SEED][1], scaled[SECOND_SEED][1])
-    rules["size_margin_third"] = rules["size_margin"] & (~(scaled_tail > 1.0) | scaled[THIRD_SEED][0])
+    few = np.array([bar.few is not None and bar.few.covers(sc) for sc in scenarios], bool)
+    flat_third = twin_check(profile, None, scenarios, replace(bar, few=None),
+                            replace(judging, seed=THIRD_SEED, size_scaled=True, tail_factor=TAIL_FACTOR)).meets(bar)
+    third = np.where(few, flat_third, scaled[THIRD_SEED][0])
+    rules["size_margin_third"] = rules["size_margin"] & (~(scaled_tail > 1.0) | third)
+    rules["size_margin_third_few_margin"] = rules["size_margin"] & (~(scaled_tail > 1.0) | scaled[THIRD_SEED][0])
     missed = np.any(other, axis=0)
     return {"plan": f"{plan_path.parent.name}/{plan_path.name}", "gpus": len(scenarios),
             "bursts": int((two & (tail > 1.0)).sum()),
