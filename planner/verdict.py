@@ -390,7 +390,8 @@ class TwinRun:
                               size_margin=self.size_margin, few=bar.few)
         if self.second_seed is None:
             return first
-        third = None if self.third_seed is None else replace(first, seed=self.third_seed, progress=None)
+        # the third run judges a GPU of few adapters as every other: it is at its knee (module docstring)
+        third = None if self.third_seed is None else replace(first, seed=self.third_seed, progress=None, few=None)
         return WorstOfSeeds(first, replace(first, seed=self.second_seed, progress=None), bar.min_served,
                             self.tail_factor, self.tpot_factor, third)
 
@@ -466,10 +467,7 @@ def run_length_words(duration_s: float, min_requests: float = 0.0, max_duration_
 class WorstOfSeeds:
     """The twin run with one seed and, for the scenarios that pass there (serving ``min_served`` of their
     tokens within their latency limits), with another, and with ``third`` for those that pass both but left
-    requests waiting past their TTFT limit in one (p99.9 TTFT over it): per scenario the worse of each figure.
-    The third run judges a GPU of few adapters as every other GPU (``first.few`` set aside: the SLO margin, no
-    allowances), as such a GPU is at its knee, where the rule for few adapters has no evidence (module
-    docstring)."""
+    requests waiting past their TTFT limit in one (p99.9 TTFT over it): per scenario the worse of each figure."""
 
     first: TwinPredictor
     second: TwinPredictor
@@ -497,12 +495,8 @@ class WorstOfSeeds:
         pred = _worse(pred, self.second, again, scenarios)
         if self.third is not None:
             burst = again & (pred.ttft_ms_p999_all > limits_of(scenarios)[0]) & self._passing(pred, scenarios)
-            few = self.first.few
-            covered = np.array([few is not None and few.covers(sc) for sc in scenarios], bool)
-            if (burst & ~covered).any():
-                pred = _worse(pred, self.third, burst & ~covered, scenarios)
-            if (burst & covered).any():  # at its knee: past what the few-adapter rule was measured on
-                pred = _worse(pred, replace(self.third, few=None), burst & covered, scenarios)
+            if burst.any():
+                pred = _worse(pred, self.third, burst, scenarios)
         return replace(pred, within_bounds=within_bounds(pred, scenarios, self.tail_factor, self.tpot_factor))
 
     def _passing(self, pred: Predictions, scenarios: list[GpuScenario]) -> np.ndarray:

@@ -90,11 +90,9 @@ def night(plan_path: Path, hours: int, jobs: int) -> dict:
              "p99_within_half": two & ~(np.fmax(runs[CONFIRM_SEED][2], runs[SECOND_SEED][2]) > 0.5),
              "size_margin": scaled[CONFIRM_SEED][0] & scaled[SECOND_SEED][0]}
     scaled_tail = np.fmax(scaled[CONFIRM_SEED][1], scaled[SECOND_SEED][1])
-    few = np.array([bar.few is not None and bar.few.covers(sc) for sc in scenarios], bool)
-    flat_third = twin_check(profile, None, scenarios, replace(bar, few=None),
+    flat_third = twin_check(profile, None, scenarios, replace(bar, few=None),  # few adapters as every other
                             replace(judging, seed=THIRD_SEED, size_scaled=True, tail_factor=TAIL_FACTOR)).meets(bar)
-    third = np.where(few, flat_third, scaled[THIRD_SEED][0])
-    rules["size_margin_third"] = rules["size_margin"] & (~(scaled_tail > 1.0) | third)
+    rules["size_margin_third"] = rules["size_margin"] & (~(scaled_tail > 1.0) | flat_third)
     rules["size_margin_third_few_margin"] = rules["size_margin"] & (~(scaled_tail > 1.0) | scaled[THIRD_SEED][0])
     missed = np.any(other, axis=0)
     return {"plan": f"{plan_path.parent.name}/{plan_path.name}", "gpus": len(scenarios),
