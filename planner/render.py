@@ -62,7 +62,9 @@ def slo_line(c: dict, margins: dict[str, dict] | None = None) -> str:
     if c.get("second_seed") is not None:
         line += f", seed {c['seed']} and again {c['second_seed']}"
         if c.get("third_seed") is not None:
-            line += f" (and {c['third_seed']} where a request waited past the TTFT limit in either)"
+            few = c.get("few_adapters") or any(k.get("few_adapters") for k in (margins or {}).values())
+            line += (f" (and {c['third_seed']} where a request waited past the TTFT limit in either"
+                     + (", on the full margin even for few adapters)" if few else ")"))
     line += bounds_words(c.get("tail_factor"), c.get("tpot_factor"), c.get("max_ttft_s"), c.get("max_tpot_ms"))
     if margins:
         line += (", on a GPU slower than its kind's profile by the kind's safety margin: "
