@@ -149,7 +149,8 @@ def test_preempted_stack_drops_requests_readmitted_or_preempted_since():
     assert (n, pre_req[:n].tolist(), pre_key[:n].tolist()) == (3, [0, 2, 3], [-4, -3, -5])
 
 
-def test_requests_arriving_together_keep_adapter_order():
+@pytest.mark.parametrize("adapters", [5, 200])  # a few sorted runs and more than twin.workload.FEW_RUNS
+def test_requests_arriving_together_keep_adapter_order(adapters):
     """Equal arrival times (an arrival process on a grid) are ordered by adapter, as a stable sort orders them."""
     from dataclasses import dataclass
 
@@ -160,7 +161,7 @@ def test_requests_arriving_together_keep_adapter_order():
         def adapter_times(self, rate, duration, rng):
             return np.arange(0.0, duration, 1.0 / rate)
 
-    wl = Workload(tuple(Adapter(f"a{i}", 8, 2.0) for i in range(5)))
+    wl = Workload(tuple(Adapter(f"a{i}", 8, 2.0) for i in range(adapters)))
     req = draw_requests(wl, 30.0, seed=0, arrivals=Grid())
     assert np.all(np.diff(req.arrival_s) >= 0)
     same = np.flatnonzero(np.diff(req.arrival_s) == 0)

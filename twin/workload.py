@@ -251,11 +251,8 @@ def draw_requests(
         times.append(t)
     arrival = np.concatenate(times) if times else np.empty(0)
     adapter = np.repeat(np.arange(len(times), dtype=np.int64), [t.shape[0] for t in times])
-    order = np.argsort(arrival)  # NumPy's vectorised sort, several times faster than its stable one
-    ordered = arrival[order]
-    if np.any(np.diff(ordered) == 0):  # equal times, where only a stable sort keeps adapter order
-        order = np.argsort(arrival, kind="stable")
-    arrival, adapter = ordered, adapter[order]
+    order = _arrival_order(arrival, len(times))
+    arrival, adapter = arrival[order], adapter[order]
     mean_in = np.array([a.input_tokens or default_input_tokens for a in workload.adapters])
     mean_out = np.array([a.output_tokens or default_output_tokens for a in workload.adapters])
     ins = lengths.draw(mean_in, adapter, lengths.input_cv, rng)
@@ -265,6 +262,22 @@ def draw_requests(
     conv = np.concatenate(convs)[order]
     prompts, history = _with_history(conv, ins, outs)
     return Requests(arrival, adapter, prompts, outs, conversation=conv, history_tokens=history)
+
+
+#: Up to this many adapters, :func:`_arrival_order` merges their sorted runs with NumPy's stable sort.
+FEW_RUNS = 128
+
+
+def _arrival_order(arrival: np.ndarray, runs: int) -> np.ndarray:
+    """The order of ``arrival`` (``runs`` sorted runs, one per adapter, concatenated), equal times in adapter
+    order. NumPy's stable sort merges few runs about twice as fast as its vectorised sort sorts them, and many
+    runs slower; the vectorised sort's order is the stable one unless two times are equal."""
+    if runs <= FEW_RUNS:
+        return np.argsort(arrival, kind="stable")
+    order = np.argsort(arrival)
+    if np.any(np.diff(arrival[order]) == 0):
+        order = np.argsort(arrival, kind="stable")
+    return order
 
 
 def _with_history(conv: np.ndarray, new_in: np.ndarray, outs: np.ndarray):
