@@ -258,7 +258,6 @@ def _prefix_verdict(k, terms, group, tables, aim, work, forests):
     tpot_lim = tpot_limit[k - 1]
     if k <= few_k:  # PackRequest.aimed
         scale = few_scale
-        use_edge = False
         if lim < np.inf:
             lim = np.log10(max(10.0 ** lim - few_ttft_ms * k, 1e-3))
         tpot_lim = tpot_lim + few_tpot_shift

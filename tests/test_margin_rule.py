@@ -100,7 +100,7 @@ def test_a_plan_records_the_rule_and_evaluate_and_replan_judge_by_it(tmp_path):
     from twin.families import family_workload, write_workload_csv
 
     workload = tmp_path / "w.csv"
-    write_workload_csv(family_workload("log-uniform", 200, 3), workload)
+    write_workload_csv(family_workload("log-uniform", 200, 0), workload)
     res = _run("plan", workload, "--out", tmp_path / "plan.json")
     assert res.exit_code == 0, res.output
     doc = json.loads((tmp_path / "plan.json").read_text())
