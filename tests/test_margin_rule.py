@@ -171,7 +171,7 @@ def test_a_group_of_few_adapters_is_packed_only_where_the_edge_classifier_expect
     from twin import Adapter, Workload
 
     profile = load_profile(LLAMA)
-    wl = Workload(tuple(Adapter(f"a{i}", 32, r, i_, o) for i, (r, i_, o) in enumerate(LONG_FEW)))
+    wl = Workload(tuple(Adapter(f"a{i}", 32, rate, prompt, out) for i, (rate, prompt, out) in enumerate(LONG_FEW)))
     opts = PlanOptions()
     req = pack_request(wl, profile, load_predictor(profile, "surrogate"), opts)
     assert req.edge and req.few_covers(len(LONG_FEW))
