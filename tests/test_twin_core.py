@@ -168,14 +168,30 @@ def test_requests_arriving_together_keep_adapter_order(adapters):
     assert same.size > 200 and np.all(req.adapter[same] < req.adapter[same + 1])
 
 
-def test_stock_loop_compiles_to_one_function_without_reference_counting(make_profile):
+#: Compiles the twin and prints the functions ``core.run_loop``'s body calls. Run with an empty numba cache: a
+#: ``simulate_core`` loaded from the cache never compiles ``run_loop`` in the process, leaving no LLVM to read.
+CALLS_OF_RUN_LOOP = r"""
+import json, re
+from twin import Adapter, SimConfig, Workload, core, load_profile, simulate
+simulate(Workload((Adapter("a", 8, 1.0),)), load_profile("h100-64gb-llama-3.1-8b"),
+         SimConfig(a_max=1, duration_s=5.0, seed=0))
+(llvm,) = core.run_loop.inspect_llvm().values()
+print(json.dumps(sorted(set(re.findall(r"call [^@\n]*@([\w.$]+)", llvm)))))
+"""
+
+
+def test_stock_loop_compiles_to_one_function_without_reference_counting(tmp_path):
     """``core.run_loop`` keeps its speed only while it counts no references and its phases are inlined (see
     "Phases" in twin.core): its compiled body calls no NRT function and no phase."""
-    import re
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
 
-    simulate(Workload((Adapter("a", 8, 1.0),)), make_profile(), SimConfig(a_max=1, duration_s=5.0, seed=0))
-    (llvm,) = core.run_loop.inspect_llvm().values()
-    called = set(re.findall(r"call [^@\n]*@([\w.$]+)", llvm))
+    out = subprocess.run([sys.executable, "-c", CALLS_OF_RUN_LOOP], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1], env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)})
+    called = set(json.loads(out.stdout.splitlines()[-1]))
     assert called, "no calls found: the pattern no longer matches numba's LLVM"
     assert not [c for c in called if c.startswith("NRT_")]
     phases = ("arrive", "sample_series", "fast_step_demand", "schedule_fast", "schedule_running",
