@@ -251,8 +251,8 @@ def draw_requests(
         times.append(t)
     arrival = np.concatenate(times) if times else np.empty(0)
     adapter = np.repeat(np.arange(len(times), dtype=np.int64), [t.shape[0] for t in times])
-    order = _arrival_order(arrival, len(times))
-    arrival, adapter = arrival[order], adapter[order]
+    order, arrival = _arrival_order(arrival, len(times))
+    adapter = adapter[order]
     mean_in = np.array([a.input_tokens or default_input_tokens for a in workload.adapters])
     mean_out = np.array([a.output_tokens or default_output_tokens for a in workload.adapters])
     ins = lengths.draw(mean_in, adapter, lengths.input_cv, rng)
@@ -268,16 +268,19 @@ def draw_requests(
 FEW_RUNS = 128
 
 
-def _arrival_order(arrival: np.ndarray, runs: int) -> np.ndarray:
-    """The order of ``arrival`` (``runs`` sorted runs, one per adapter, concatenated), equal times in adapter
-    order. NumPy's stable sort merges few runs about twice as fast as its vectorised sort sorts them, and many
-    runs slower; the vectorised sort's order is the stable one unless two times are equal."""
+def _arrival_order(arrival: np.ndarray, runs: int) -> tuple[np.ndarray, np.ndarray]:
+    """The order of ``arrival`` (``runs`` runs, one per adapter, concatenated; single-turn runs are sorted), equal
+    times in adapter order, and ``arrival`` in that order. NumPy's stable sort merges few sorted runs faster than
+    its vectorised sort sorts them, and many runs slower; the vectorised sort's order is the stable one unless two
+    times are equal."""
     if runs <= FEW_RUNS:
-        return np.argsort(arrival, kind="stable")
-    order = np.argsort(arrival)
-    if np.any(np.diff(arrival[order]) == 0):
         order = np.argsort(arrival, kind="stable")
-    return order
+        return order, arrival[order]
+    order = np.argsort(arrival)
+    ordered = arrival[order]
+    if np.any(np.diff(ordered) == 0):
+        order = np.argsort(arrival, kind="stable")
+    return order, ordered
 
 
 def _with_history(conv: np.ndarray, new_in: np.ndarray, outs: np.ndarray):
