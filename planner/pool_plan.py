@@ -17,12 +17,15 @@ How (``make_pool_plan``):
    GPUs judged for an earlier option that hold only adapters it serves here, and pack the rest:
    :meth:`PoolPlanner.confirm`), until no option left
    could beat the cheapest judged one, which is the plan (a kind the twin packs, alone, is judged while within
-   one GPU of it: its estimate can take a GPU more than the judging runs). An option's kinds with a surrogate are judged first,
+   one GPU of it: its estimate can take a GPU more than the judging runs; one within a GPU of a mix as packed is
+   judged before the mix, which then keeps its GPUs). An option's kinds with a surrogate are judged first,
    and it is dropped once those and its other kinds' packings cost as much as the best judged. A mix is passed
    over, too, where its twin-packed kinds' GPUs, scaled by how many more the judging runs took than the
    estimate where that kind was judged serving everything alone, make it cost as much as the best judged. A mix
-   that judging took over a kind's count is formed again with that many GPUs of room kept on the kind
-   (:data:`RETRIMS` times at most).
+   that judging took over a kind's count is tried as judged with that kind giving up the GPUs over its count
+   whose adapters cost least on their next cheapest kind (:meth:`PoolPlanner.trimmed`: the kept GPUs need no
+   judging again), and formed again with that many GPUs of room kept on the kind (:data:`RETRIMS` times at
+   most).
 
 Request lengths come from the pool's first kind for adapters without their own, so every kind is asked about
 the same requests; a single-kind plan to compare with is ``planner plan W.csv --profile P --input-tokens I
@@ -195,7 +198,10 @@ class PoolPlanner:
         its surrogate from that packing; one the twin packs from the start, by the twin of the judging runs, as
         ``planner plan`` packs it, or with ``reuse`` from the GPUs judged for another option (:meth:`_reused`) where
         that takes no more GPUs than its estimate (else in full as well, the fewer GPUs kept: kept GPUs and the
-        rest packed apart can round up to a GPU more than one packing of them all)."""
+        rest packed apart can round up to a GPU more than one packing of them all). A packing judged already
+        (:meth:`trimmed`) is as it is."""
+        if pack.confirmation is not None:
+            return pack
         self.say(f"kind {pack.kind.name}: judging {len(pack.members):,} adapters on {pack.kind.profile.profile_id} "
                  f"(packed on {pack.gpus} GPUs)")
         if not self.twin_packed(pack.kind):
@@ -258,6 +264,50 @@ class PoolPlanner:
                 return None
             judged[i] = self.confirm(option.packs[i], reuse=option.single is None)
         return PoolChoice([judged[i] for i in range(len(option.packs))], option.single)
+
+    def trimmed(self, judged: PoolChoice, prices: np.ndarray) -> PoolChoice | None:
+        """``judged``, a mix that came out over kinds' counts, with each such kind giving up as many of its
+        judged GPUs as it is over: those whose adapters cost least on their next cheapest kind (``prices``:
+        kinds x adapters), which packs them with its own. The GPUs kept are judged already (the same adapters
+        at the same traffic), so only the kinds that took adapters are judged again. None where a GPU to give up
+        holds a replica (a share of an adapter others serve too) or an adapter of it has nowhere else to go."""
+        kinds = self.pool.kinds
+        choice = np.full(len(self.workload), -1)
+        for p in judged.packs:
+            choice[p.members] = kinds.index(p.kind)
+        trimmed: dict[str, KindPack] = {}
+        for p in judged.over_count():
+            j = kinds.index(p.kind)
+            order = np.argsort(prices[:, p.members], axis=0, kind="stable")
+            alt = np.array([next((int(k) for k in order[:, i] if k != j and np.isfinite(prices[k, p.members[i]])), -1)
+                            for i in range(len(p.members))])
+            whole = [k for k, g in enumerate(p.groups)
+                     if all(s >= 1.0 - 1e-9 for s in g.shares.values()) and (alt[g.members] >= 0).all()]
+            excess = p.gpus - p.kind.spec.count
+            if len(whole) < excess:
+                return None
+            rehoming = [prices[alt[g.members], p.members[g.members]].sum() for g in (p.groups[k] for k in whole)]
+            drop = {whole[k] for k in np.argsort(rehoming, kind="stable")[:excess]}
+            moved = np.array([i for k in sorted(drop) for i in p.groups[k].shares], np.int64)
+            choice[p.members[moved]] = alt[moved]
+            members = np.delete(p.members, moved)
+            at = np.searchsorted(members, p.members)
+            keep = [k for k in range(p.gpus) if k not in drop]
+            groups = [GpuGroup({int(at[i]): s for i, s in p.groups[k].shares.items()}, p.groups[k].a_max,
+                               p.groups[k].max_lora_rank) for k in keep]
+            trimmed[p.kind.name] = KindPack(p.kind, members, self.request(p.kind, members), groups, replace(
+                p.confirmation, rows=[p.confirmation.rows[k] for k in keep]))
+        packs = []
+        for j, k in enumerate(kinds):
+            members = np.flatnonzero(choice == j)
+            before = next((p for p in judged.packs if p.kind is k), None)
+            if k.name in trimmed:
+                packs.append(trimmed[k.name])
+            elif before is not None and np.array_equal(before.members, members):
+                packs.append(before)  # judged already, unchanged
+            elif len(members):
+                packs.append(self.pack(k, members))
+        return PoolChoice(packs, None)
 
     def learn_shortfall(self, estimated: PoolChoice, judged: PoolChoice) -> None:
         """Note how many more GPUs judging took than a twin-packed single kind's estimate (:meth:`expected_cost`)."""
@@ -449,7 +499,7 @@ def plan_pool(planner: PoolPlanner) -> PoolOutcome:
     seen = {o.key() for o in options}
     retrims = 0
     while pending:
-        option = pending.pop(0)
+        option = _alone_first(planner, pending.pop(0), pending, best)
         if best is not None and option.cost >= best.cost and not _alone_within_a_gpu(planner, option, best):
             continue  # judging only adds GPUs to a packing: it cannot beat the best judged
         if best is not None and option.single is None and planner.expected_cost(option) >= best.cost:
@@ -465,6 +515,12 @@ def plan_pool(planner: PoolPlanner) -> PoolOutcome:
         elif over and option.single is None and retrims < RETRIMS:
             # Form the mixes again keeping room for what judging added on those kinds.
             retrims += 1
+            trimmed = planner.trimmed(judged, prices)
+            if trimmed is not None and trimmed.key() not in seen:
+                seen.add(trimmed.key())
+                pending = sorted(pending + [trimmed], key=_judging_order)
+                planner.say("a judged mix needs more GPUs of " + ", ".join(p.kind.name for p in over)
+                            + " than the pool has: moving the adapters of the GPUs over it to the next cheapest kind")
             for p in over:
                 planner.slack[p.kind.name] = planner.slack.get(p.kind.name, 0) + p.gpus - p.kind.spec.count
             planner.say("a judged mix needs more GPUs of " + ", ".join(p.kind.name for p in over)
@@ -490,6 +546,23 @@ def _alone_within_a_gpu(planner: PoolPlanner, option: PoolChoice, best: PoolChoi
     if option.single is None or not planner.twin_packed(option.packs[0].kind):
         return False
     return option.cost - option.packs[0].kind.price < best.cost - 1e-9
+
+
+def _alone_first(planner: PoolPlanner, option: PoolChoice, pending: list[PoolChoice],
+                 best: PoolChoice | None) -> PoolChoice:
+    """``option``, or, where it is a mix, a kind the twin packs alone that will be judged however the mix judges
+    (:func:`_alone_within_a_gpu` of the mix, whose judging only adds GPUs, and of the best judged): that one first,
+    ``option`` back in ``pending``. The mix then keeps the GPUs judged for the kind alone (PoolPlanner._reused)
+    instead of packing its share of that kind in full again, or is passed over where the kind alone came out
+    cheaper (the plan's time in the twin: hot, 2,000 adapters, seed 2, both judged in full)."""
+    if option.single is not None:
+        return option
+    for alone in pending:
+        if _alone_within_a_gpu(planner, alone, option) and (best is None or _alone_within_a_gpu(planner, alone, best)):
+            pending.remove(alone)
+            pending.insert(0, option)
+            return alone
+    return option
 
 
 def _judging_order(choice: PoolChoice) -> tuple[float, bool]:

@@ -224,7 +224,7 @@ def test_judging_takes_surrogate_kinds_first_and_stops_where_an_option_cannot_be
 def test_a_mix_that_judging_takes_over_a_count_is_formed_again_with_room_kept(tmp_path, monkeypatch):
     """Judging that adds a GPU of the counted kind to every packing of it: the first mix comes out over the count,
     so the mixes are formed again with one GPU of room kept on that kind, and the plan is within the count."""
-    from planner.pool_plan import KindPack, PoolPlanner, plan_pool
+    from planner.pool_plan import PoolPlanner, plan_pool
 
     monkeypatch.setattr(PoolPlanner, "confirm", lambda self, pack, reuse=False: pack)
     free = plan_pool(_planner(tmp_path)).chosen
@@ -232,14 +232,63 @@ def test_a_mix_that_judging_takes_over_a_count_is_formed_again_with_room_kept(tm
     formed = []
     mixes = PoolPlanner.mixes
     monkeypatch.setattr(PoolPlanner, "mixes", lambda self, *a: formed.append(mixes(self, *a)) or formed[-1])
-    monkeypatch.setattr(PoolPlanner, "confirm", lambda self, pack, reuse=False: KindPack(
-        pack.kind, pack.members, pack.req, pack.groups + pack.groups[-1:] if pack.kind.name == "cpu" else pack.groups))
+    monkeypatch.setattr(PoolPlanner, "confirm", _a_cpu_gpu_more)
     planner = _planner(tmp_path, cpu_count=cpu)
     chosen = plan_pool(planner).chosen
     assert planner.slack == {"cpu": 1} and len(formed) == 2
     cpu_packed = [[p.gpus for p in m.packs if p.kind.name == "cpu"] for m in formed[1]]
     assert cpu_packed and all(g <= [cpu - 1] for g in cpu_packed)
     assert not chosen.over_count()
+
+
+def _a_cpu_gpu_more(self, pack, reuse=False):
+    """PoolPlanner.confirm where judging splits the cpu kind's last GPU in two; a packing judged already is kept."""
+    from planner.confirm import Confirmation
+    from planner.packing import GpuGroup
+    from planner.pool_plan import KindPack
+
+    if pack.confirmation is not None:
+        return pack
+    groups = pack.groups
+    if pack.kind.name == "cpu":
+        last = list(groups[-1].shares.items())
+        groups = groups[:-1] + [GpuGroup(dict(part), groups[-1].a_max, groups[-1].max_lora_rank)
+                                for part in (last[:len(last) // 2], last[len(last) // 2:])]
+    rows = [{"adapters": sorted(pack.members[g.members].tolist())} for g in groups]
+    return KindPack(pack.kind, pack.members, pack.req, groups,
+                    Confirmation(self.opts.bar(pack.kind.profile), self.opts.run, 0.0, 1, 0, 0, rows, 0.0))
+
+
+def test_a_mix_judged_over_a_count_gives_up_the_gpus_cheapest_to_move_and_keeps_the_others_as_judged(tmp_path,
+                                                                                                       monkeypatch):
+    """Judging added a GPU of the counted kind: the mix is also tried with that kind giving up the judged GPU whose
+    adapters cost least on the other kind, which packs them with its own; the GPUs kept are not judged again."""
+    from planner.pool_plan import PoolPlanner, plan_pool
+
+    judge = PoolPlanner.confirm
+    monkeypatch.setattr(PoolPlanner, "confirm", lambda self, pack, reuse=False: pack)
+    cpu = next(p.gpus for p in plan_pool(_planner(tmp_path)).chosen.packs if p.kind.name == "cpu")
+    monkeypatch.setattr(PoolPlanner, "confirm", _a_cpu_gpu_more)
+    trims = []
+    trimmed = PoolPlanner.trimmed
+    monkeypatch.setattr(PoolPlanner, "trimmed", lambda self, judged, prices: trims.append(
+        (judged, prices, trimmed(self, judged, prices))) or trims[-1][2])
+    planner = _planner(tmp_path, cpu_count=cpu)
+    plan_pool(planner)
+    judged, prices, trim = trims[0]
+    before, after = (next(p for p in o.packs if p.kind.name == "cpu") for o in (judged, trim))
+
+    def as_sets(p):
+        return [frozenset(p.members[g.members].tolist()) for g in p.groups]
+
+    assert before.gpus == cpu + 1 and after.gpus == cpu and set(as_sets(after)) < set(as_sets(before))
+    (moved,) = set(as_sets(before)) - set(as_sets(after))
+    whole = [s for s, g in zip(as_sets(before), before.groups) if min(g.shares.values()) == 1.0]
+    assert prices[0, sorted(moved)].sum() == min(prices[0, sorted(s)].sum() for s in whole)
+    h100 = next(p for p in trim.packs if p.kind.name == "h100-64gb")
+    assert moved <= set(h100.members.tolist()) and not moved & set(after.members.tolist())
+    assert after.confirmation.rows == [{"adapters": sorted(s)} for s in as_sets(after)]  # each GPU's own figures
+    assert judge(planner, after) is after
 
 
 def _a_gpu_off_cpu_a(self, prices, bound=np.inf):
@@ -287,8 +336,9 @@ def test_a_mix_the_twin_packed_kinds_judged_alone_show_no_cheaper_is_not_judged(
 
 def test_a_twin_packed_kind_alone_within_a_gpu_of_the_best_judged_is_judged_all_the_same(tmp_path, monkeypatch):
     """Its estimate's shorter runs can pack a GPU more than the judging runs: a kind the twin packs, alone, whose
-    packing costs more than the best judged mix by less than one of its GPUs is judged, and taken where the
-    judging runs pack it on a GPU fewer (a pool plan costs no more than `planner plan` of any kind alone)."""
+    packing costs more than a mix by less than one of its GPUs is judged however the mix judges, so it is judged
+    first, and taken where the judging runs pack it on a GPU fewer (a pool plan costs no more than `planner plan`
+    of any kind alone); the mix, whose judging only adds GPUs, is then passed over."""
     from planner.pool_plan import KindPack, PoolPlanner, plan_pool
     from planner.workload_csv import read_workload
     from twin.workload import Workload
@@ -309,7 +359,9 @@ def test_a_twin_packed_kind_alone_within_a_gpu_of_the_best_judged_is_judged_all_
     planner = _planner(tmp_path, tmp_path / "pool.yaml", wl)
     estimate = planner.pack(planner.pool.kinds[0], np.arange(len(wl))).gpus
     chosen = plan_pool(planner).chosen
-    assert judged[-1] == "alone" and "alone" not in judged[:-1]  # the mix, cheaper as packed, first
+    mix = _a_gpu_off_cpu_a(planner, None)[0]
+    assert mix.cost < estimate * 0.01  # the mix is the cheaper as packed, yet the kind alone is judged first
+    assert judged == ["alone"]
     assert chosen.single == "cpu-a" and chosen.packs[0].gpus == estimate - 1
 
 
