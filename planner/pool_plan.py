@@ -278,9 +278,7 @@ class PoolPlanner:
         trimmed: dict[str, KindPack] = {}
         for p in judged.over_count():
             j = kinds.index(p.kind)
-            order = np.argsort(prices[:, p.members], axis=0, kind="stable")
-            alt = np.array([next((int(k) for k in order[:, i] if k != j and np.isfinite(prices[k, p.members[i]])), -1)
-                            for i in range(len(p.members))])
+            alt = _next_cheapest(prices, p.members, j)
             whole = [k for k, g in enumerate(p.groups)
                      if all(s >= 1.0 - 1e-9 for s in g.shares.values()) and (alt[g.members] >= 0).all()]
             excess = p.gpus - p.kind.spec.count
@@ -354,8 +352,7 @@ class PoolPlanner:
                 self.say(f"kind {p.kind.name}: packed on {p.gpus} GPUs where {self.room(p.kind)} are to be had: "
                          "finding the fewest adapters to move to other kinds")
                 j = kinds.index(p.kind)
-                alt = np.array([next((int(k) for k in order[:, i] if k != j and np.isfinite(prices[k, i])
-                                      and not full[k]), -1) for i in p.members])
+                alt = _next_cheapest(prices, p.members, j, {k for k in range(len(kinds)) if full[k]})
                 here = prices[j, p.members]
                 regret = np.where(alt >= 0, prices[np.maximum(alt, 0), p.members] / here, np.inf)
                 movable = np.flatnonzero(np.isfinite(regret))
@@ -439,6 +436,14 @@ class PoolPlanner:
         taken = _bisect(len(others), guess, TWIN_FILL_PROBES if self.twin_packed(kind) else FILL_PROBES,
                         lambda n: self.pack(kind, np.union1d(mine_idx, others[:n])).gpus <= gpus, fewest=False)
         return others[:taken]
+
+
+def _next_cheapest(prices: np.ndarray, members: np.ndarray, j: int, closed: set[int] = frozenset()) -> np.ndarray:
+    """Per adapter of ``members``, the cheapest kind (by ``prices``: kinds x adapters) other than ``j`` and those
+    ``closed`` that serves it; -1 where none does."""
+    order = np.argsort(prices[:, members], axis=0, kind="stable")
+    return np.array([next((int(k) for k in order[:, c] if k != j and k not in closed and np.isfinite(prices[k, i])),
+                          -1) for c, i in enumerate(members)], np.int64)
 
 
 def _bisect(n: int, guess: int, probes: int, fits: Callable[[int], bool], fewest: bool) -> int:
