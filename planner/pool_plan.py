@@ -9,8 +9,10 @@ How (``make_pool_plan``):
    among the GPU's adapters, half by their tokens and half evenly, so a busy adapter pays for the throughput
    it takes and an idle one for the slot it holds: the price of an adapter on that kind.
 2. The mixes: each adapter on the kind where that price is lowest, a kind over its ``count`` giving up the
-   fewest adapters that make its packing fit (those it is least ahead on for their price there first); and that mix with every kind's GPUs filled with
-   other kinds' adapters while they still fit in the room paid for (:meth:`PoolPlanner.fill`).
+   fewest adapters that make its packing fit (those it is least ahead on for their price there first); and that
+   mix with every kind's GPUs filled with other kinds' adapters while they still fit in the room paid for, or, on
+   a kind its count left GPUs short of that count, the adapters cheaper there up to the count
+   (:meth:`PoolPlanner.fill`).
 3. The mixes and each single kind's packing of the whole workload, in order of packed cost, are judged as
    ``planner plan`` judges a plan: every GPU in the twin on its kind's profile and margin, repacked until
    all pass (a kind the twin packs is packed again by the twin of the judging runs; in a mix, it may keep the
@@ -407,7 +409,9 @@ class PoolPlanner:
         """``choice`` with each kind's GPUs filled: the room its GPUs have left is paid for, so it takes the
         adapters of other kinds it is relatively cheapest for, as many as still fit on its GPUs (bisected in at
         most :data:`FILL_PROBES` packings), where their price shares where they are add up to a GPU there and the
-        whole mix then costs less. A kind whose GPUs alone cost
+        whole mix then costs less. A kind packed on fewer GPUs than its count allows, with adapters cheaper on it
+        elsewhere (moved off to fit the count: the move can free more GPUs than it needed, as moving a hot
+        adapter's replicas does), takes those back up to the count instead. A kind whose GPUs alone cost
         ``bound`` or more is not filled: the mix would cost more than that however it were filled."""
         for j in range(len(self.pool.kinds)):
             moved = self._fitting_others(j, choice, prices, bound)
@@ -428,10 +432,20 @@ class PoolPlanner:
         others = np.flatnonzero(~mine & self.servable[kind.name])
         if not len(mine_idx) or not len(others) or self.pack(kind, mine_idx).cost >= bound:
             return others[:0]
-        gpus = self.pack(kind, mine_idx).gpus
-        others = others[np.argsort(prices[j, others] / prices[choice[others], others], kind="stable")]
-        # First guess: the others whose price shares here add up to the room left on its GPUs.
+        gpus = used = self.pack(kind, mine_idx).gpus
+        relative = prices[j, others] / prices[choice[others], others]
+        room = self.room(kind)
+        if room is not None and room > gpus and (relative < 1.0).any():
+            # Its count moved adapters cheaper here off it, and left GPUs of it unused: it takes them back up to
+            # that count (the mix's cost then says whether the GPUs added are worth it).
+            gpus, others, relative = room, others[relative < 1.0], relative[relative < 1.0]
+        # Not those whose price share here exceeds the room left, nor, where it exceeds a GPU's (replicas of a
+        # hot adapter), the GPUs added: they would not fit, and as the first in line would keep the others out.
         spare = gpus * kind.price - prices[j, mine].sum()
+        share = prices[j, others]
+        fit = (share <= spare) & ((share <= kind.price) | (share <= (gpus - used) * kind.price))
+        others = others[fit][np.argsort(relative[fit], kind="stable")]
+        # First guess: the others whose price shares here add up to the room left on its GPUs.
         guess = int(np.searchsorted(np.cumsum(prices[j, others]), spare))
         taken = _bisect(len(others), guess, TWIN_FILL_PROBES if self.twin_packed(kind) else FILL_PROBES,
                         lambda n: self.pack(kind, np.union1d(mine_idx, others[:n])).gpus <= gpus, fewest=False)

@@ -456,3 +456,40 @@ def test_a_mix_keeps_the_twin_packed_gpus_judged_for_an_earlier_option_and_packs
     assert planner.confirm(estimate, reuse=True).gpus <= pack.gpus
     again = planner.judge(PoolChoice([planner.pack(cpu, members)], "cpu")).packs[0]
     assert as_sets(again) == as_sets(alone)  # a single kind is packed in full, as `planner plan` packs it
+
+
+def test_a_kind_its_count_left_gpus_unused_takes_back_the_adapters_cheaper_on_it_but_not_a_hot_one(tmp_path):
+    """A mix whose counted kind packs two GPUs under its count, a GPU's adapters and a hot one (replicas on six of
+    its GPUs) moved to a dearer kind: filling takes the GPU's adapters back up to the count, though the hot one is
+    first in line (its GPUs would not fit)."""
+    from dataclasses import replace
+
+    from planner.workload_csv import read_workload
+    from twin.workload import Workload
+
+    base = [a for a in read_workload(WL).adapters if a.rank <= 16]  # both kinds serve every one
+    wl = Workload(tuple(base) + (replace(base[0], adapter_id="hot", rate_rps=40.0),))
+    n, hot = len(wl.adapters), len(wl.adapters) - 1
+
+    def planner_and_prices(count=""):
+        (tmp_path / "pool.yaml").write_text("kinds:\n" + "".join(
+            f"  - {{name: {k}, profile: {CPU}, price_per_hour: {p}{c}}}\n"
+            for k, p, c in (("cpu-a", 0.01, count), ("cpu-b", 0.015, ""))))
+        planner = _planner(tmp_path, tmp_path / "pool.yaml", wl)
+        return planner, np.array([planner.adapter_prices(planner.pack(k, np.arange(n), priced=True))
+                                  for k in planner.pool.kinds])
+
+    planner, prices = planner_and_prices()
+    a = planner.pool.kinds[0]
+    alone = planner.pack(a, np.arange(n), priced=True)
+    assert prices[0, hot] > 5 * a.price  # its replicas take six GPUs
+    moved = np.array(sorted(next(g for g in alone.groups if hot not in g.shares and len(g.shares) > 3).shares))
+    choice = np.zeros(n, np.int64)
+    choice[moved] = choice[hot] = 1
+    used = planner.pack(a, np.flatnonzero(choice == 0)).gpus
+    planner, prices = planner_and_prices(f", count: {used + 2}")
+    prices[1, hot] *= 10  # the hot one first in line: least ahead where it is
+    filled = planner.fill(choice, prices)
+    assert (filled[moved] == 0).all() and filled[hot] == 1
+    assert used < planner.pack(a, np.flatnonzero(filled == 0)).gpus <= used + 2
+    assert planner._choice(filled).cost < planner._choice(choice).cost
