@@ -29,10 +29,13 @@ The prices in ``PRICE_SETS`` are illustrative per-hour figures chosen to exercis
 for any cloud: ``list`` (where the CPU kind, about a tenth of an H100's throughput for 1/24 of its price,
 makes a mix worthwhile for the ranks it serves), ``cpu-dear`` (the CPU kind dearer per token than an H100:
 a mix only where slots matter), ``80gb-scarce`` (the 80 GB kind the cheapest per token but only
-``count`` of them: the count rule).
+``count`` of them: the count rule), ``80gb-at-par`` (the 80 GB kind at twice the 64 GB kind's price, about
+what its throughput is worth in the twin -- 70 GPUs against 138 for a 10,000-adapter log-uniform fleet --, so
+neither H100 kind is the cheaper for every adapter: a mix of the two wherever adapters differ). Without the CPU
+kind, ``list`` and ``cpu-dear`` price the H100 kinds alike.
 
     python -m benchmarks.placement.mixed_pools [--sizes 2000,10000] [--seeds 0,1,2] [--families ...]
-        [--price-sets list,cpu-dear,80gb-scarce] [--kinds h100-64gb,h100-80gb,cpu] [--no-evaluate]
+        [--price-sets list,cpu-dear,80gb-scarce,80gb-at-par] [--kinds h100-64gb,h100-80gb,cpu] [--no-evaluate]
         [--keep DIR]   # -> artifacts/benchmarks/mixed_pools.json
 
 Neither the h100-80gb nor the cpu kind ships a surrogate: the twin packs them (h100-80gb about 50 s for
@@ -75,6 +78,8 @@ PRICE_SETS: dict[str, dict[str, dict]] = {
     "cpu-dear": {"h100-64gb": {"price_per_hour": 2.40}, "h100-80gb": {"price_per_hour": 3.00},
                  "cpu": {"price_per_hour": 0.60}},
     "80gb-scarce": {"h100-64gb": {"price_per_hour": 2.40}, "h100-80gb": {"price_per_hour": 2.40, "count": 8},
+                    "cpu": {"price_per_hour": 0.60}},
+    "80gb-at-par": {"h100-64gb": {"price_per_hour": 2.40}, "h100-80gb": {"price_per_hour": 4.80},
                     "cpu": {"price_per_hour": 0.60}},
 }
 TARGET_WALL_RATIO = 2.0  # pool plan wall / the sum of the single-kind plans' walls
