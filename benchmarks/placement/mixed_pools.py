@@ -31,8 +31,8 @@ makes a mix worthwhile for the ranks it serves), ``cpu-dear`` (the CPU kind dear
 a mix only where slots matter), ``80gb-scarce`` (the 80 GB kind the cheapest per token but only
 ``count`` of them: the count rule), ``80gb-at-par`` (the 80 GB kind at twice the 64 GB kind's price, about
 what its throughput is worth in the twin -- 70 GPUs against 138 for a 10,000-adapter log-uniform fleet --, so
-neither H100 kind is the cheaper for every adapter: a mix of the two wherever adapters differ). Without the CPU
-kind, ``list`` and ``cpu-dear`` price the H100 kinds alike.
+neither H100 kind is clearly the cheaper: the near tie a mix must not lose). Without the CPU kind, ``list`` and
+``cpu-dear`` price the H100 kinds alike.
 
     python -m benchmarks.placement.mixed_pools [--sizes 2000,10000] [--seeds 0,1,2] [--families ...]
         [--price-sets list,cpu-dear,80gb-scarce,80gb-at-par] [--kinds h100-64gb,h100-80gb,cpu] [--no-evaluate]
