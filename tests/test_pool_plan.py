@@ -488,7 +488,7 @@ def test_a_kind_its_count_left_gpus_unused_takes_back_the_adapters_cheaper_on_it
     choice[moved] = choice[hot] = 1
     used = planner.pack(a, np.flatnonzero(choice == 0)).gpus
     planner, prices = planner_and_prices(f", count: {used + 2}")
-    prices[1, hot] *= 10  # the hot one first in line: least ahead where it is
+    prices[1, hot] *= 10  # the hot one first in line: by far the cheapest on cpu-a for its price on cpu-b
     filled = planner.fill(choice, prices)
     assert (filled[moved] == 0).all() and filled[hot] == 1
     assert used < planner.pack(a, np.flatnonzero(filled == 0)).gpus <= used + 2
