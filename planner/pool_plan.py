@@ -443,7 +443,7 @@ class PoolPlanner:
         # hot adapter), the GPUs added: they would not fit, and as the first in line would keep the others out.
         spare = gpus * kind.price - prices[j, mine].sum()
         share = prices[j, others]
-        fit = (share <= spare) & ((share <= kind.price) | (share <= (gpus - used) * kind.price))
+        fit = share <= min(spare, max(kind.price, (gpus - used) * kind.price))
         others = others[fit][np.argsort(relative[fit], kind="stable")]
         # First guess: the others whose price shares here add up to the room left on its GPUs.
         guess = int(np.searchsorted(np.cumsum(prices[j, others]), spare))
@@ -455,9 +455,10 @@ class PoolPlanner:
 def _next_cheapest(prices: np.ndarray, members: np.ndarray, j: int, closed: set[int] = frozenset()) -> np.ndarray:
     """Per adapter of ``members``, the cheapest kind (by ``prices``: kinds x adapters) other than ``j`` and those
     ``closed`` that serves it; -1 where none does."""
-    order = np.argsort(prices[:, members], axis=0, kind="stable")
-    return np.array([next((int(k) for k in order[:, c] if k != j and k not in closed and np.isfinite(prices[k, i])),
-                          -1) for c, i in enumerate(members)], np.int64)
+    open_prices = prices[:, members].copy()
+    open_prices[[j, *closed]] = np.inf
+    best = open_prices.argmin(axis=0)  # ties: the first kind
+    return np.where(np.isfinite(open_prices[best, np.arange(len(members))]), best, -1).astype(np.int64)
 
 
 def _bisect(n: int, guess: int, probes: int, fits: Callable[[int], bool], fewest: bool) -> int:
