@@ -19,8 +19,8 @@ How (``make_pool_plan``):
    GPUs judged for an earlier option that hold only adapters it serves here, and pack the rest:
    :meth:`PoolPlanner.confirm`), until no option left
    could beat the cheapest judged one, which is the plan (a kind the twin packs, alone, is judged while within
-   one GPU of it: its estimate can take a GPU more than the judging runs; one within a GPU of a mix as packed is
-   judged before the mix, which then keeps its GPUs). An option's kinds with a surrogate are judged first,
+   one GPU of it: its estimate can take a GPU more than the judging runs; one within a GPU of what a mix is
+   expected to cost judged is judged before the mix, which then keeps its GPUs). An option's kinds with a surrogate are judged first,
    and it is dropped once those and its other kinds' packings cost as much as the best judged. A mix is passed
    over, too, where its twin-packed kinds' GPUs, scaled by how many more the judging runs took than the
    estimate where that kind was judged serving everything alone, make it cost as much as the best judged. A mix
@@ -62,13 +62,19 @@ COUNT_ROUNDS = 6
 #: judging runs' (a kind chosen is packed again in those).
 ESTIMATE_RUN = {"duration_s": 300.0, "min_requests": 5_000.0, "max_duration_s": 1800.0, "second_seed": None}
 #: Packings a kind may try while filling the room left on its GPUs (PoolPlanner.fill), or while finding the
-#: fewest adapters to move off it to fit its count; a kind the twin packs (seconds a packing) fills in fewer.
+#: fewest adapters to move off it to fit its count; a kind the twin packs (seconds a packing) tries fewer, one
+#: more to move than to fill (too few moved leave it over its count).
 FILL_PROBES = 6
 TWIN_FILL_PROBES = 3
+TWIN_MOVE_PROBES = 4
 #: A mix's twin-packed kind keeps the GPUs judged for an earlier option where they are at least this share of
 #: its estimate's GPUs (PoolPlanner._reused): fewer save little of the packing and risk the GPU that packing
 #: them apart from the rest can cost.
 REUSE_SHARE = 0.5
+#: How many more GPUs the judging runs are taken to pack than a twin-packed kind's estimate until one was judged
+#: alone (to judge it alone before a mix it may beat: _alone_first): the 80 GB kind's judged over estimated GPUs
+#: were 84/83 to 29/28 alone and 83/81 to 9/8 in mixes of random fleets.
+ESTIMATE_SHORTFALL = 0.03
 #: Times mixes are formed again with room kept for the GPUs judging added on a kind with a count, after a judged
 #: mix came out over that count.
 RETRIMS = 2
@@ -161,6 +167,10 @@ class PoolPlanner:
 
     def twin_packed(self, kind: Kind) -> bool:
         return self.predictors[kind.name].kind == "twin"
+
+    def probes(self, kind: Kind, twin: int) -> int:
+        """Packings ``kind`` may try in a search: ``twin`` where the twin packs it, else :data:`FILL_PROBES`."""
+        return twin if self.twin_packed(kind) else FILL_PROBES
 
     def say(self, message: str) -> None:
         if self.progress:
@@ -314,10 +324,12 @@ class PoolPlanner:
         if estimated.single is not None and self.twin_packed(estimated.packs[0].kind):
             self.estimate_shortfall[estimated.single] = judged.packs[0].gpus / estimated.packs[0].gpus
 
-    def expected_cost(self, option: PoolChoice) -> float:
+    def expected_cost(self, option: PoolChoice, unjudged: float = 1.0) -> float:
         """What ``option`` is expected to cost judged: each kind the twin packs that many more GPUs than its
-        estimate as judging its whole share alone took (:attr:`estimate_shortfall`); the others as packed."""
-        return sum(np.ceil(p.gpus * self.estimate_shortfall.get(p.kind.name, 1.0) - 1e-9) * p.kind.price
+        estimate as judging its whole share alone took (:attr:`estimate_shortfall`), or ``unjudged`` times its
+        estimate before that; the others as packed."""
+        return sum(np.ceil(p.gpus * (self.estimate_shortfall.get(p.kind.name, unjudged)
+                                     if self.twin_packed(p.kind) else 1.0) - 1e-9) * p.kind.price
                    for p in option.packs)
 
     def adapter_prices(self, pack: KindPack) -> np.ndarray:
@@ -372,8 +384,8 @@ class PoolPlanner:
 
     def _fewest_to_move(self, pack: KindPack, movable: np.ndarray, here: np.ndarray) -> int:
         """How many of ``movable`` (positions in ``pack.members``, in the order they go) must leave ``pack``'s
-        kind for it to fit its count: bisected in at most :data:`FILL_PROBES` packings, from a first guess of
-        the price shares (``here``) worth the GPUs over the count."""
+        kind for it to fit its count: searched in at most :data:`FILL_PROBES` (:data:`TWIN_MOVE_PROBES`) packings,
+        from a first guess of the price shares (``here``) worth the GPUs over the count."""
         count = self.room(pack.kind)
 
         def fits(n: int) -> bool:
@@ -381,7 +393,7 @@ class PoolPlanner:
             return not len(rest) or self.pack(pack.kind, rest).gpus <= count
 
         guess = int(np.searchsorted(np.cumsum(here[movable]), (pack.gpus - count) * pack.kind.price)) + 1
-        return _bisect(len(movable), guess, FILL_PROBES, fits, fewest=True)
+        return _bisect(len(movable), guess, self.probes(pack.kind, TWIN_MOVE_PROBES), fits, fewest=True)
 
     def quick_cost(self, choice: np.ndarray, prices: np.ndarray) -> float:
         """What the mix ``choice`` costs: its kinds with a surrogate packed; a kind the twin packs (slow) its
@@ -407,7 +419,7 @@ class PoolPlanner:
 
     def fill(self, choice: np.ndarray, prices: np.ndarray, bound: float = np.inf) -> np.ndarray:
         """``choice`` with each kind's GPUs filled: the room its GPUs have left is paid for, so it takes the
-        adapters of other kinds it is relatively cheapest for, as many as still fit on its GPUs (bisected in at
+        adapters of other kinds it is relatively cheapest for, as many as still fit on its GPUs (searched in at
         most :data:`FILL_PROBES` packings), where their price shares where they are add up to a GPU there and the
         whole mix then costs less. A kind packed on fewer GPUs than its count allows, with adapters cheaper on it
         elsewhere (moved off to fit the count: the move can free more GPUs than it needed, as moving a hot
@@ -447,7 +459,7 @@ class PoolPlanner:
         others = others[fit][np.argsort(relative[fit], kind="stable")]
         # First guess: the others whose price shares here add up to the room left on its GPUs.
         guess = int(np.searchsorted(np.cumsum(prices[j, others]), spare))
-        taken = _bisect(len(others), guess, TWIN_FILL_PROBES if self.twin_packed(kind) else FILL_PROBES,
+        taken = _bisect(len(others), guess, self.probes(kind, TWIN_FILL_PROBES),
                         lambda n: self.pack(kind, np.union1d(mine_idx, others[:n])).gpus <= gpus, fewest=False)
         return others[:taken]
 
@@ -462,20 +474,31 @@ def _next_cheapest(prices: np.ndarray, members: np.ndarray, j: int, closed: set[
 
 
 def _bisect(n: int, guess: int, probes: int, fits: Callable[[int], bool], fewest: bool) -> int:
-    """The fewest (``fewest``) or the most of 0..``n`` that ``fits``, which holds from some count up (down):
-    bisected from ``guess`` (clamped to 1..n) in at most ``probes`` calls; when they run out, the nearest count
-    known to fit (``n`` is taken to fit where the fewest are asked for, 0 where the most are)."""
-    lo, hi = 0, n
+    """The fewest (``fewest``) or the most of 0..``n`` that ``fits``, which holds from some count up (down), in at
+    most ``probes`` calls: from ``guess`` (clamped to 1..n), steps away from it that double (an eighth of the
+    guess first) until one lands on the other side of the edge, then halving; when they run out, the nearest
+    count known to fit (``n`` is taken to fit where the fewest are asked for, 0 where the most are). A good guess
+    (price shares) is near the edge, where a first halving would land far from it."""
+    lo, hi = 0, n  # the count sought is in lo..hi; hi (fewest) or lo (most) is known, or taken, to fit
     mid = min(max(guess, 1), n)
+    step, first, halving = max(1, mid // 8), None, False
     for _ in range(probes):
         if lo >= hi:
             break
+        ok = fits(mid)
         if fewest:
-            lo, hi = (lo, mid) if fits(mid) else (mid + 1, hi)
-            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if ok else (mid + 1, hi)
         else:
-            lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
-            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if ok else (lo, mid - 1)
+        first = ok if first is None else first
+        if not halving and ok == first:  # still on the guess's side: a step twice as far, toward the edge
+            mid = min(max(mid - step if ok == fewest else mid + step, lo), hi)
+            step *= 2
+            halving = mid == (hi if fewest else lo)  # the end known to fit: nothing to ask there
+        else:
+            halving = True
+        if halving:
+            mid = (lo + hi) // 2 if fewest else (lo + hi + 1) // 2
     return hi if fewest else lo
 
 
@@ -522,7 +545,7 @@ def plan_pool(planner: PoolPlanner) -> PoolOutcome:
     retrims = 0
     while pending:
         option = _alone_first(planner, pending.pop(0), pending, best)
-        if best is not None and option.cost >= best.cost and not _alone_within_a_gpu(planner, option, best):
+        if best is not None and option.cost >= best.cost and not _alone_within_a_gpu(planner, option, best.cost):
             continue  # judging only adds GPUs to a packing: it cannot beat the best judged
         if best is not None and option.single is None and planner.expected_cost(option) >= best.cost:
             continue  # as its twin-packed kinds judged alone show, it would not be cheaper either
@@ -559,34 +582,35 @@ def plan_pool(planner: PoolPlanner) -> PoolOutcome:
     return PoolOutcome(best, singles)
 
 
-def _alone_within_a_gpu(planner: PoolPlanner, option: PoolChoice, best: PoolChoice) -> bool:
-    """Is ``option`` a kind the twin packs, alone, whose packing costs less than ``best`` but for one GPU? Its
-    estimate's shorter runs can pack a GPU more than the judging runs (mixed lengths, seed 2: 29 GPUs of the
-    80 GB kind where ``planner plan --profile`` judged 28), so it is judged: a pool plan costs no more than
+def _alone_within_a_gpu(planner: PoolPlanner, option: PoolChoice, cost: float) -> bool:
+    """Is ``option`` a kind the twin packs, alone, whose packing costs less than ``cost`` (the best judged) but for
+    one GPU? Its estimate's shorter runs can pack a GPU more than the judging runs (mixed lengths, seed 2: 29 GPUs
+    of the 80 GB kind where ``planner plan --profile`` judged 28), so it is judged: a pool plan costs no more than
     ``planner plan`` of any kind alone."""
     if option.single is None or not planner.twin_packed(option.packs[0].kind):
         return False
-    return option.cost - option.packs[0].kind.price < best.cost - 1e-9
+    return option.cost - option.packs[0].kind.price < cost - 1e-9
 
 
 def _alone_first(planner: PoolPlanner, option: PoolChoice, pending: list[PoolChoice],
                  best: PoolChoice | None) -> PoolChoice:
     """``option``, or, where it is a mix, a kind the twin packs alone that will be judged however the mix judges
-    (:func:`_alone_within_a_gpu` of the mix, whose judging only adds GPUs, and of the best judged): that one first,
-    ``option`` back in ``pending``. The mix then keeps the GPUs judged for the kind alone (PoolPlanner._reused)
-    instead of packing its share of that kind in full again, or is passed over where the kind alone came out
-    cheaper (a hot 2,000-adapter fleet whose mix and 80 GB kind alone were both judged in full took 126 s, 96 s
-    so)."""
+    (:func:`_alone_within_a_gpu` of what the mix is expected to cost judged, :data:`ESTIMATE_SHORTFALL` more GPUs
+    of its twin-packed kinds until one was judged alone, and of the best judged): that one first, ``option`` back
+    in ``pending``. The mix then keeps the GPUs judged for the kind alone (PoolPlanner._reused) instead of packing
+    its share of that kind in full again, or is passed over where the kind alone came out cheaper (a hot
+    10,000-adapter fleet's mix, 2 GPUs cheaper as packed than the 80 GB kind alone, and that kind alone were both
+    judged in full: 984 s, 3.5x the single-kind plans)."""
     if option.single is not None:
         return option
+    expected = planner.expected_cost(option, 1.0 + ESTIMATE_SHORTFALL)
     for alone in pending:
-        if _alone_within_a_gpu(planner, alone, option) and (best is None or _alone_within_a_gpu(planner, alone, best)):
+        if _alone_within_a_gpu(planner, alone, expected) and (best is None or _alone_within_a_gpu(
+                planner, alone, best.cost)):
             pending.remove(alone)
             pending.insert(0, option)
             return alone
     return option
-
-
 def _judging_order(choice: PoolChoice) -> tuple[float, bool]:
     return choice.cost, choice.single is None
 
