@@ -205,12 +205,14 @@ class PoolPlanner:
             self._packed[key] = KindPack(kind, members, req, run_algorithm(req, replace(self.opts, balance=balance)))
         return self._packed[key]
 
-    def confirm(self, pack: KindPack, reuse: bool = False) -> KindPack:
+    def confirm(self, pack: KindPack, reuse: bool = False, bound: float = np.inf) -> KindPack:
         """The packing judged in the twin on its kind's profile (repacked until every GPU passes): a kind packed by
         its surrogate from that packing; one the twin packs from the start, by the twin of the judging runs, as
         ``planner plan`` packs it, or with ``reuse`` from the GPUs judged for another option (:meth:`_reused`) where
         that takes no more GPUs than its estimate (else in full as well, the fewer GPUs kept: kept GPUs and the
-        rest packed apart can round up to a GPU more than one packing of them all). A packing judged already
+        rest packed apart can round up to a GPU more than one packing of them all), or where packing in full is
+        expected (:meth:`expected_cost`) to cost ``bound`` or more, the most its option can spend on it to beat the
+        best judged: minutes of judging for an option that would lose all the same. A packing judged already
         (:meth:`trimmed`) is as it is."""
         if pack.confirmation is not None:
             return pack
@@ -221,7 +223,10 @@ class PoolPlanner:
             return KindPack(pack.kind, pack.members, pack.req, groups, confirmation)
         kept = self._reused(pack) if reuse else None
         judged = None if kept is None else self._judge_rest(pack, *kept)
-        if judged is None or judged.gpus > pack.gpus:
+        if judged is not None and judged.gpus > pack.gpus and self.expected_cost(PoolChoice([pack], None)) >= bound:
+            self.say(f"kind {pack.kind.name}: keeping them took {judged.gpus} GPUs, more than the {pack.gpus} of its "
+                     "estimate, but packing all of its adapters again is not expected to make the option the cheapest")
+        elif judged is None or judged.gpus > pack.gpus:
             if judged is not None:
                 self.say(f"kind {pack.kind.name}: keeping them took {judged.gpus} GPUs, more than the {pack.gpus} of "
                          "its estimate: packing all of its adapters again")
@@ -274,7 +279,8 @@ class PoolPlanner:
         for i in sorted(range(len(option.packs)), key=lambda i: self.twin_packed(option.packs[i].kind)):
             if sum(judged.get(k, p).cost for k, p in enumerate(option.packs)) >= bound:
                 return None
-            judged[i] = self.confirm(option.packs[i], reuse=option.single is None)
+            others = sum(judged.get(k, p).cost for k, p in enumerate(option.packs) if k != i)
+            judged[i] = self.confirm(option.packs[i], reuse=option.single is None, bound=bound - others)
         return PoolChoice([judged[i] for i in range(len(option.packs))], option.single)
 
     def trimmed(self, judged: PoolChoice, prices: np.ndarray) -> PoolChoice | None:

@@ -450,6 +450,27 @@ def test_the_pool_bisection_from_a_guess_near_the_edge_lands_near_it_in_four_pac
         assert (found >= edge if fewest else found <= edge) and abs(found - edge) <= edge / 3
 
 
+def test_a_mix_keeping_judged_gpus_is_not_packed_in_full_again_where_that_could_not_make_it_the_cheapest(
+        tmp_path, monkeypatch):
+    """Keeping the GPUs judged before took a GPU more than the estimate: the share is packed in full again only
+    where its expected judged cost (the estimate, and the GPUs judging added to the kind alone) leaves the option
+    a chance to beat the best judged (a hot 10,000-adapter fleet: five minutes of judging, to lose all the same)."""
+    from planner import pool_plan
+    from planner.pool_plan import KindPack, PoolPlanner
+
+    planner = _planner(tmp_path)
+    cpu = next(k for k in planner.pool.kinds if k.name == "cpu")
+    pack = planner.pack(cpu, planner.servable["cpu"].nonzero()[0][:40])
+    planner.estimate_shortfall["cpu"] = 1.0
+    monkeypatch.setattr(PoolPlanner, "_reused", lambda self, p: ("done", [], []))
+    monkeypatch.setattr(PoolPlanner, "_judge_rest", lambda self, p, *kept: KindPack(
+        p.kind, p.members, p.req, p.groups + p.groups[-1:]))
+    full = []
+    monkeypatch.setattr(pool_plan, "plan_groups", lambda req, *a, **k: full.append(req) or (pack.groups, None))
+    assert planner.confirm(pack, reuse=True, bound=pack.cost).gpus == pack.gpus + 1 and not full
+    assert planner.confirm(pack, reuse=True, bound=pack.cost + 1e-6).gpus == pack.gpus and len(full) == 1
+
+
 def test_a_twin_packed_kind_asked_for_the_adapters_it_priced_is_not_packed_again(tmp_path):
     """Balancing keeps the GPU count, which is all a mix asks of its packing: the priced one serves."""
     planner = _planner(tmp_path)
