@@ -213,7 +213,7 @@ def test_judging_takes_surrogate_kinds_first_and_stops_where_an_option_cannot_be
 
     planner = _planner(tmp_path)
     judged = []
-    monkeypatch.setattr(PoolPlanner, "confirm", lambda self, pack, reuse=False: judged.append(pack.kind.name) or pack)
+    monkeypatch.setattr(PoolPlanner, "confirm", lambda self, pack, reuse=False, bound=None: judged.append(pack.kind.name) or pack)
     option = PoolChoice([planner.pack(k, members) for k, members in
                          ((planner.pool.kinds[1], planner.servable["cpu"].nonzero()[0][:40]),
                           (planner.pool.kinds[0], planner.servable["cpu"].nonzero()[0][40:]))], None)
@@ -226,7 +226,7 @@ def test_a_mix_that_judging_takes_over_a_count_is_formed_again_with_room_kept(tm
     so the mixes are formed again with one GPU of room kept on that kind, and the plan is within the count."""
     from planner.pool_plan import PoolPlanner, plan_pool
 
-    monkeypatch.setattr(PoolPlanner, "confirm", lambda self, pack, reuse=False: pack)
+    monkeypatch.setattr(PoolPlanner, "confirm", lambda self, pack, reuse=False, bound=None: pack)
     free = plan_pool(_planner(tmp_path)).chosen
     cpu = next(p.gpus for p in free.packs if p.kind.name == "cpu")
     formed = []
@@ -241,7 +241,7 @@ def test_a_mix_that_judging_takes_over_a_count_is_formed_again_with_room_kept(tm
     assert not chosen.over_count()
 
 
-def _a_cpu_gpu_more(self, pack, reuse=False):
+def _a_cpu_gpu_more(self, pack, reuse=False, bound=None):
     """PoolPlanner.confirm where judging splits the cpu kind's GPU of the most adapters in two; a packing judged
     already is kept."""
     from planner.confirm import Confirmation
@@ -268,7 +268,7 @@ def test_a_mix_judged_over_a_count_gives_up_the_gpus_cheapest_to_move_and_keeps_
     from planner.pool_plan import PoolPlanner, plan_pool
 
     judge = PoolPlanner.confirm
-    monkeypatch.setattr(PoolPlanner, "confirm", lambda self, pack, reuse=False: pack)
+    monkeypatch.setattr(PoolPlanner, "confirm", lambda self, pack, reuse=False, bound=None: pack)
     cpu = next(p.gpus for p in plan_pool(_planner(tmp_path)).chosen.packs if p.kind.name == "cpu")
     monkeypatch.setattr(PoolPlanner, "confirm", _a_cpu_gpu_more)
     trims = []
@@ -318,7 +318,7 @@ def test_a_mix_the_twin_packed_kinds_judged_alone_show_no_cheaper_is_not_judged(
         f"  - {{name: {n}, profile: {CPU}, price_per_hour: {p}{c}}}\n"
         for n, p, c in (("cpu-a", 0.01, ""), ("cpu-b", 0.015, ", count: 1"))))
     judged = []
-    monkeypatch.setattr(PoolPlanner, "confirm", lambda self, pack, reuse=False: judged.append(pack.kind.name) or KindPack(
+    monkeypatch.setattr(PoolPlanner, "confirm", lambda self, pack, reuse=False, bound=None: judged.append(pack.kind.name) or KindPack(
         pack.kind, pack.members, pack.req, pack.groups + pack.groups[-1:]))
 
     monkeypatch.setattr(PoolPlanner, "mixes", _a_gpu_off_cpu_a)
@@ -351,7 +351,7 @@ def test_a_twin_packed_kind_alone_within_a_gpu_of_the_best_judged_is_judged_all_
         for n, p, c in (("cpu-a", 0.01, ""), ("cpu-b", 0.005, ", count: 1"))))
     judged = []
 
-    def confirm(self, pack, reuse=False):  # alone, the judging runs pack a GPU fewer than the estimate
+    def confirm(self, pack, reuse=False, bound=None):  # alone, the judging runs pack a GPU fewer than the estimate
         judged.append("alone" if len(pack.members) == len(wl) else pack.kind.name)
         return KindPack(pack.kind, pack.members, pack.req, pack.groups[:-1] if len(pack.members) == len(wl)
                         else pack.groups)
@@ -382,7 +382,7 @@ def test_a_twin_packed_kind_alone_within_the_gpus_judging_is_expected_to_add_to_
         f"  - {{name: {n}, profile: {CPU}, price_per_hour: {p}{c}}}\n"
         for n, p, c in (("cpu-a", 0.01, ""), ("cpu-b", 0.001, ", count: 2"))))
     judged = []
-    monkeypatch.setattr(PoolPlanner, "confirm", lambda self, pack, reuse=False: judged.append(
+    monkeypatch.setattr(PoolPlanner, "confirm", lambda self, pack, reuse=False, bound=None: judged.append(
         ("alone" if len(pack.members) == len(wl) else pack.kind.name, reuse)) or pack)
     monkeypatch.setattr(PoolPlanner, "mixes", lambda self, prices, bound=np.inf: _a_gpu_off_cpu_a(
         self, prices, bound, gpus=2))
@@ -399,7 +399,7 @@ def test_a_twin_packed_kind_balances_only_the_packing_that_prices_its_adapters(t
     are those of balancing every packing."""
     from planner.pool_plan import PoolPlanner, plan_pool
 
-    monkeypatch.setattr(PoolPlanner, "confirm", lambda self, pack, reuse=False: pack)
+    monkeypatch.setattr(PoolPlanner, "confirm", lambda self, pack, reuse=False, bound=None: pack)
     formed = []
     mixes = PoolPlanner.mixes
     monkeypatch.setattr(PoolPlanner, "mixes", lambda self, *a: formed.append(mixes(self, *a)) or formed[-1])
