@@ -20,10 +20,12 @@ How (``make_pool_plan``):
    :meth:`PoolPlanner.confirm`), until no option left
    could beat the cheapest judged one, which is the plan (a kind the twin packs, alone, is judged while within
    one GPU of it: its estimate can take a GPU more than the judging runs; one within a GPU of what a mix is
-   expected to cost judged is judged before the mix, which then keeps its GPUs). An option's kinds with a surrogate are judged first,
-   and it is dropped once those and its other kinds' packings cost as much as the best judged. A mix is passed
-   over, too, where its twin-packed kinds' GPUs, scaled by how many more the judging runs took than the
-   estimate where that kind was judged serving everything alone, make it cost as much as the best judged. A mix
+   expected to cost judged is judged before the mix, which then keeps its GPUs). An option's kinds with a
+   surrogate are judged first, and it is dropped once those and its other kinds' packings cost as much as the
+   best judged. A mix is passed over, too, where its twin-packed kinds' GPUs, scaled by how many more the
+   judging runs took than the estimate where that kind was judged serving everything alone, make it cost as
+   much as the best judged; a mix's share that keeps judged GPUs is not packed in full again where that is not
+   expected to make the mix the cheapest (:meth:`PoolPlanner.confirm`). A mix
    that judging took over a kind's count is tried as judged with that kind giving up the GPUs over its count
    whose adapters cost least on their next cheapest kind (:meth:`PoolPlanner.trimmed`: the kept GPUs need no
    judging again), and formed again with that many GPUs of room kept on the kind (:data:`RETRIMS` times at
@@ -617,6 +619,8 @@ def _alone_first(planner: PoolPlanner, option: PoolChoice, pending: list[PoolCho
             pending.insert(0, option)
             return alone
     return option
+
+
 def _judging_order(choice: PoolChoice) -> tuple[float, bool]:
     return choice.cost, choice.single is None
 

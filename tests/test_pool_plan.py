@@ -213,7 +213,8 @@ def test_judging_takes_surrogate_kinds_first_and_stops_where_an_option_cannot_be
 
     planner = _planner(tmp_path)
     judged = []
-    monkeypatch.setattr(PoolPlanner, "confirm", lambda self, pack, reuse=False, bound=None: judged.append(pack.kind.name) or pack)
+    monkeypatch.setattr(PoolPlanner, "confirm",
+                        lambda self, pack, reuse=False, bound=None: judged.append(pack.kind.name) or pack)
     option = PoolChoice([planner.pack(k, members) for k, members in
                          ((planner.pool.kinds[1], planner.servable["cpu"].nonzero()[0][:40]),
                           (planner.pool.kinds[0], planner.servable["cpu"].nonzero()[0][40:]))], None)
@@ -318,8 +319,8 @@ def test_a_mix_the_twin_packed_kinds_judged_alone_show_no_cheaper_is_not_judged(
         f"  - {{name: {n}, profile: {CPU}, price_per_hour: {p}{c}}}\n"
         for n, p, c in (("cpu-a", 0.01, ""), ("cpu-b", 0.015, ", count: 1"))))
     judged = []
-    monkeypatch.setattr(PoolPlanner, "confirm", lambda self, pack, reuse=False, bound=None: judged.append(pack.kind.name) or KindPack(
-        pack.kind, pack.members, pack.req, pack.groups + pack.groups[-1:]))
+    monkeypatch.setattr(PoolPlanner, "confirm", lambda self, pack, reuse=False, bound=None: judged.append(
+        pack.kind.name) or KindPack(pack.kind, pack.members, pack.req, pack.groups + pack.groups[-1:]))
 
     monkeypatch.setattr(PoolPlanner, "mixes", _a_gpu_off_cpu_a)
     outcomes = []
