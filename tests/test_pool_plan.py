@@ -372,8 +372,8 @@ def test_a_twin_packed_kind_alone_within_the_gpus_judging_is_expected_to_add_to_
         tmp_path, monkeypatch):
     """A mix two GPUs of the twin-packed kind cheaper as packed than that kind alone, whose judging is expected to
     add a GPU (ESTIMATE_SHORTFALL): the kind alone is within a GPU of what the mix is expected to cost, so it is
-    judged first and the mix keeps its GPUs, instead of both being judged in full (a hot 10,000-adapter fleet:
-    984 s)."""
+    judged first, and the mix after it may keep its GPUs, instead of both being judged in full (a hot
+    10,000-adapter fleet: 984 s)."""
     from planner.pool_plan import PoolPlanner, plan_pool
     from planner.workload_csv import read_workload
     from twin.workload import Workload
