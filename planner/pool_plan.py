@@ -279,9 +279,10 @@ class PoolPlanner:
         adds GPUs to a packing, so the option cannot cost less than ``bound``)."""
         judged: dict[int, KindPack] = {}
         for i in sorted(range(len(option.packs)), key=lambda i: self.twin_packed(option.packs[i].kind)):
-            if sum(judged.get(k, p).cost for k, p in enumerate(option.packs)) >= bound:
+            costs = [judged.get(k, p).cost for k, p in enumerate(option.packs)]
+            if sum(costs) >= bound:
                 return None
-            others = sum(judged.get(k, p).cost for k, p in enumerate(option.packs) if k != i)
+            others = sum(c for k, c in enumerate(costs) if k != i)
             judged[i] = self.confirm(option.packs[i], reuse=option.single is None, bound=bound - others)
         return PoolChoice([judged[i] for i in range(len(option.packs))], option.single)
 
@@ -591,8 +592,8 @@ def plan_pool(planner: PoolPlanner) -> PoolOutcome:
 
 
 def _alone_within_a_gpu(planner: PoolPlanner, option: PoolChoice, cost: float) -> bool:
-    """Is ``option`` a kind the twin packs, alone, whose packing costs less than ``cost`` (the best judged) but for
-    one GPU? Its estimate's shorter runs can pack a GPU more than the judging runs (mixed lengths, seed 2: 29 GPUs
+    """Is ``option`` a kind the twin packs, alone, whose packing costs less than ``cost`` (the best judged, or what
+    a mix is expected to cost judged) but for one GPU? Its estimate's shorter runs can pack a GPU more than the judging runs (mixed lengths, seed 2: 29 GPUs
     of the 80 GB kind where ``planner plan --profile`` judged 28), so it is judged: a pool plan costs no more than
     ``planner plan`` of any kind alone."""
     if option.single is None or not planner.twin_packed(option.packs[0].kind):
