@@ -11,8 +11,8 @@ How (``make_pool_plan``):
 2. The mixes: each adapter on the kind where that price is lowest, a kind over its ``count`` giving up the
    fewest adapters that make its packing fit (those it is least ahead on for their price there first); and that
    mix with every kind's GPUs filled with other kinds' adapters while they still fit in the room paid for, or, on
-   a kind its count left GPUs short of that count, the adapters cheaper there up to the count, less the GPUs
-   judging is expected to add there (:meth:`PoolPlanner.fill`).
+   a kind its count left GPUs short of that count, the adapters cheaper there up to the count
+   (:meth:`PoolPlanner.fill`).
 3. The mixes and each single kind's packing of the whole workload, in order of packed cost, are judged as
    ``planner plan`` judges a plan: every GPU in the twin on its kind's profile and margin, repacked until
    all pass (a kind the twin packs is packed again by the twin of the judging runs; in a mix, it may keep the
@@ -166,17 +166,6 @@ class PoolPlanner:
         """GPUs of ``kind`` a mix may pack (None: no limit): its count, less :attr:`slack`."""
         count = kind.spec.count
         return None if count is None else max(count - self.slack.get(kind.name, 0), 0)
-
-    def fill_room(self, kind: Kind) -> int | None:
-        """GPUs of ``kind`` a mix may fill its packing up to: its :meth:`room`, less, on a kind the twin packs, the
-        GPUs judging is expected to add (:meth:`expected_cost`), so its judged share stays within the count; a
-        packing filled to the count as packed comes out over it judged, and the mix formed again with room kept
-        can cost more than one filled a GPU short."""
-        room = self.room(kind)
-        if room is None or not self.twin_packed(kind):
-            return room
-        factor = max(self.estimate_shortfall.get(kind.name, 1.0 + ESTIMATE_SHORTFALL), 1.0)
-        return int(np.floor(room / factor + 1e-9))
 
     def twin_packed(self, kind: Kind) -> bool:
         return self.predictors[kind.name].kind == "twin"
@@ -443,8 +432,8 @@ class PoolPlanner:
         most :data:`FILL_PROBES` packings), where their price shares where they are add up to a GPU there and the
         whole mix then costs less. A kind packed on fewer GPUs than its count allows, with adapters cheaper on it
         elsewhere (moved off to fit the count: the move can free more GPUs than it needed, as moving a hot
-        adapter's replicas does), takes those back up to the count instead (:meth:`fill_room`). A kind whose GPUs
-        alone cost ``bound`` or more is not filled: the mix would cost more than that however it were filled."""
+        adapter's replicas does), takes those back up to the count instead. A kind whose GPUs alone cost
+        ``bound`` or more is not filled: the mix would cost more than that however it were filled."""
         for j in range(len(self.pool.kinds)):
             moved = self._fitting_others(j, choice, prices, bound)
             if not any(prices[i, moved[choice[moved] == i]].sum() >= self.pool.kinds[i].price
@@ -466,11 +455,10 @@ class PoolPlanner:
             return others[:0]
         gpus = used = self.pack(kind, mine_idx).gpus
         relative = prices[j, others] / prices[choice[others], others]
-        room = self.fill_room(kind)
+        room = self.room(kind)
         if room is not None and room > gpus and (relative < 1.0).any():
             # Its count moved adapters cheaper here off it, and left GPUs of it unused: it takes them back up to
-            # that count, less what judging is expected to add (the mix's cost then says whether the GPUs added
-            # are worth it).
+            # that count (the mix's cost then says whether the GPUs added are worth it).
             gpus, others, relative = room, others[relative < 1.0], relative[relative < 1.0]
         # Not those whose price share here exceeds the room left, nor, where it exceeds a GPU's (replicas of a
         # hot adapter), the GPUs added: they would not fit, and as the first in line would keep the others out.

@@ -552,38 +552,7 @@ def test_a_kind_its_count_left_gpus_unused_takes_back_the_adapters_cheaper_on_it
     used = planner.pack(a, np.flatnonzero(choice == 0)).gpus
     planner, prices = planner_and_prices(f", count: {used + 2}")
     prices[1, hot] *= 10  # the hot one first in line: by far the cheapest on cpu-a for its price on cpu-b
-    planner.estimate_shortfall[a.name] = 1.0  # judging adds no GPU to it: it takes them back up to the count
     filled = planner.fill(choice, prices)
     assert (filled[moved] == 0).all() and filled[hot] == 1
     assert used < planner.pack(a, np.flatnonzero(filled == 0)).gpus <= used + 2
     assert planner._choice(filled).cost < planner._choice(choice).cost
-
-
-def test_a_twin_packed_kind_takes_back_adapters_only_up_to_the_gpus_judging_is_expected_to_leave_within_its_count(
-        tmp_path):
-    """A counted kind the twin packs, a GPU's adapters moved off it and one GPU under its count: filled back to
-    the count as packed, judging is expected to take it over (a GPU more per what its judging alone added), so it
-    takes back only what fits the GPUs it has."""
-    from twin.workload import Workload
-
-    planner = _planner(tmp_path, cpu_count=1000)
-    wl = Workload(tuple(a for a, ok in zip(planner.workload.adapters, planner.servable["cpu"]) if ok))
-    planner = _planner(tmp_path, workload=wl, cpu_count=1000)
-    h100, cpu = planner.pool.kinds
-    n = len(wl)
-    alone = planner.pack(cpu, np.arange(n), priced=True)
-    prices = np.array([planner.adapter_prices(planner.pack(h100, np.arange(n), priced=True)),
-                       planner.adapter_prices(alone)])
-    moved = np.array(sorted(alone.members[list(max(alone.groups, key=lambda g: len(g.shares)).shares)]))
-    choice = np.ones(n, np.int64)
-    choice[moved] = 0  # as if its count had moved them off to the dearer kind
-    used = planner.pack(cpu, np.flatnonzero(choice == 1)).gpus
-    planner = _planner(tmp_path, workload=wl, cpu_count=used + 1)
-    cpu = planner.pool.kinds[1]
-    assert planner.fill_room(cpu) == used  # 3 % more GPUs expected judged: the count less one
-    filled = planner.fill(choice, prices)
-    assert planner.pack(cpu, np.flatnonzero(filled == 1)).gpus <= used
-    planner.estimate_shortfall[cpu.name] = 1.0  # judging alone added none: back up to the count
-    assert planner.fill_room(cpu) == used + 1
-    filled = planner.fill(choice, prices)
-    assert (filled[moved] == 1).all() and planner.pack(cpu, np.flatnonzero(filled == 1)).gpus == used + 1
