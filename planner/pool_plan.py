@@ -357,9 +357,10 @@ class PoolPlanner:
 
     def mixes(self, prices: np.ndarray, bound: float = np.inf) -> list[PoolChoice]:
         """Each adapter on its cheapest kind (``prices``: kinds x adapters), kinds over their count giving up
-        the adapters they are least ahead on (for the price they take there), until every kind's packing fits; and that mix with its kinds'
-        GPUs filled (:meth:`fill`) where that is cheaper and could cost less than ``bound``. None where the mix
-        already costs ``bound`` or more as far as that shows without the twin packing (:meth:`quick_cost`)."""
+        the adapters they are least ahead on (for the price they take there), until every kind's packing fits;
+        and that mix with its kinds' GPUs filled (:meth:`fill`) where that is cheaper and could cost less than
+        ``bound``. None where the mix already costs ``bound`` or more as far as that shows without the twin
+        packing (:meth:`quick_cost`)."""
         kinds = self.pool.kinds
         order = np.argsort(prices, axis=0, kind="stable")
         choice = order[0].copy()
@@ -593,9 +594,9 @@ def plan_pool(planner: PoolPlanner) -> PoolOutcome:
 
 def _alone_within_a_gpu(planner: PoolPlanner, option: PoolChoice, cost: float) -> bool:
     """Is ``option`` a kind the twin packs, alone, whose packing costs less than ``cost`` (the best judged, or what
-    a mix is expected to cost judged) but for one GPU? Its estimate's shorter runs can pack a GPU more than the judging runs (mixed lengths, seed 2: 29 GPUs
-    of the 80 GB kind where ``planner plan --profile`` judged 28), so it is judged: a pool plan costs no more than
-    ``planner plan`` of any kind alone."""
+    a mix is expected to cost judged) but for one GPU? Its estimate's shorter runs can pack a GPU more than the
+    judging runs (mixed lengths, seed 2: 29 GPUs of the 80 GB kind where ``planner plan --profile`` judged 28), so
+    it is judged: a pool plan costs no more than ``planner plan`` of any kind alone."""
     if option.single is None or not planner.twin_packed(option.packs[0].kind):
         return False
     return option.cost - option.packs[0].kind.price < cost - 1e-9
