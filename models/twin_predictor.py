@@ -16,6 +16,8 @@ import numba
 import numpy as np
 
 from models.scenario import GpuScenario, Predictions
+from models.surrogate import simulation_hash
+from models.twin_memo import MEMO, run_key, scenario_key
 from twin.policies.spec import PolicySpec
 from twin.profile import Profile
 from twin.simulate import MAX_SIM_REQUESTS, STARVATION_THRESHOLD, SimConfig, expected_requests, simulate
@@ -82,13 +84,21 @@ class TwinPredictor:
         one = partial(_simulate_on, profiles, self.duration_s, self.seed, self.policy, self.arrivals,
                       self.min_requests, self.max_duration_s)
         items = [(sc, bool(f)) for sc, f in zip(scenarios, few)]
-        if self.jobs > 1 and n > 1:
-            out = self._in_workers(one, items)
+        run = run_key(simulation_hash(self.profile, self.policy), self.slowdown, self.few, self.duration_s, self.seed,
+                      self.policy, self.arrivals, self.min_requests, self.max_duration_s)
+        keys = [scenario_key(run, sc, f) for sc, f in items]
+        out = [MEMO.get(k) for k in keys]
+        ask = [i for i, row in enumerate(out) if row is None]
+        if self.jobs > 1 and len(ask) > 1:
+            rows = self._in_workers(one, [items[i] for i in ask], n - len(ask), n)
         else:
-            out = []
-            for item in items:
-                out.append(one(item))
-                self._advance(len(out), n)
+            rows = []
+            for i in ask:
+                rows.append(one(items[i]))
+                self._advance(n - len(ask) + len(rows), n)
+        for i, row in zip(ask, rows):
+            out[i] = row
+            MEMO.put(keys[i], row)
         res = np.array(out, float).reshape(n, 6)
         if few.any():  # the twin's measured error at few adapters (FewAdapters)
             served = np.array([len(sc) for sc in scenarios], float)[few]
@@ -99,9 +109,10 @@ class TwinPredictor:
         return Predictions(thr, thr < STARVATION_THRESHOLD * arriving, arriving, res[:, 2].copy(), res[:, 3].copy(),
                            res[:, 4].copy(), res[:, 5].copy())
 
-    def _in_workers(self, one: Callable, items: Sequence[tuple[GpuScenario, bool]]) -> list:
+    def _in_workers(self, one: Callable, items: Sequence[tuple[GpuScenario, bool]], before: int, total: int) -> list:
         """``one`` of each (scenario, few) item, in the worker pool: the costliest first (by expected requests), in
-        chunks that shrink as the work left does, so no worker waits long for another at the end."""
+        chunks that shrink as the work left does, so no worker waits long for another at the end (progress counts
+        ``before`` answers done of ``total``)."""
         n = len(items)
         cost = np.array([float(np.sum(sc.rates_rps)) * scenario_duration_s(sc, self.duration_s, self.min_requests,
                                                                              self.max_duration_s) for sc, _ in items])
@@ -116,7 +127,7 @@ class TwinPredictor:
                 for i, row in zip(pending[fut], fut.result()):
                     out[i] = row
                 done += len(pending[fut])
-                self._advance(done, n)
+                self._advance(before + done, total)
         except BaseException:  # Ctrl-C or an error: drop the queued scenarios instead of finishing them
             close_worker_pool(kill=True)
             raise

@@ -82,6 +82,13 @@ ESTIMATE_SHORTFALL = 0.03
 RETRIMS = 2
 
 
+def servable(workload: Workload, ins: np.ndarray, outs: np.ndarray, profile: Profile) -> np.ndarray:
+    """Which adapters of ``workload``, with mean requests of ``ins`` + ``outs`` tokens, ``profile`` can serve: its
+    profiled ranks hold theirs and their requests fit its context."""
+    ranks_ok = {r: profile.kv.rank_for(r) is not None for r in {a.rank for a in workload.adapters}}
+    return np.array([ranks_ok[a.rank] for a in workload.adapters]) & (ins + outs <= profile.engine.max_model_len)
+
+
 @dataclass
 class KindPack:
     """A kind's packing of some adapters (``members``: ascending indices into the whole workload)."""
@@ -133,7 +140,7 @@ class PoolPlanner:
         ads = workload.adapters
         self.ins = np.array([a.input_tokens or self.opts.input_tokens for a in ads], float)
         self.outs = np.array([a.output_tokens or self.opts.output_tokens for a in ads], float)
-        self.servable = {k.name: self._servable(k.profile) for k in pool.kinds}
+        self.servable = {k.name: servable(workload, self.ins, self.outs, k.profile) for k in pool.kinds}
         nobody = ~np.logical_or.reduce(list(self.servable.values()))
         if nobody.any():
             a = ads[int(np.flatnonzero(nobody)[0])]
@@ -156,11 +163,6 @@ class PoolPlanner:
         ref = self.pool.reference
         return PackRequest.build(self.workload, ref.profile, self.predictors[ref.name], 1, self.opts.headroom,
                                  seed=self.opts.seed, lengths=(self.ins, self.outs))
-
-    def _servable(self, profile: Profile) -> np.ndarray:
-        ranks_ok = {r: profile.kv.rank_for(r) is not None for r in {a.rank for a in self.workload.adapters}}
-        return np.array([ranks_ok[a.rank] for a in self.workload.adapters]) & \
-            (self.ins + self.outs <= profile.engine.max_model_len)
 
     def room(self, kind: Kind) -> int | None:
         """GPUs of ``kind`` a mix may pack (None: no limit): its count, less :attr:`slack`."""

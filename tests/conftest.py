@@ -125,3 +125,13 @@ def _private_packed_cache(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LORA_PLANNER_CACHE", str(tmp_path_factory.mktemp("packed-cache")))
         yield
+
+
+@pytest.fixture(autouse=True)
+def _fresh_twin_memo():
+    """Each test asks the twin afresh: no answer kept from another test (or from a twin another test patched)."""
+    from models.twin_memo import MEMO
+
+    MEMO.clear()
+    yield
+    MEMO.clear()

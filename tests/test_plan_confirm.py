@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 from models.predictor import load_predictor
 from models.scenario import GpuScenario, Predictions
+from models.twin_memo import MEMO
 from models.twin_predictor import TwinPredictor
 from planner.cli import main
 from planner.confirm import SURROGATE_ROUNDS, check_groups, scenarios_of
@@ -135,6 +136,7 @@ def test_parallel_twin_predictions_equal_serial(setup):
     scen = [GpuScenario(np.array([8, 16]), np.array([r, r / 2]), np.array([300.0] * 2), np.array([200.0] * 2), 2)
             for r in (1.0, 5.0, 40.0)]
     serial = TwinPredictor(profile, duration_s=300.0).predict(scen)
+    MEMO.clear()  # simulated again, in the workers
     parallel = TwinPredictor(profile, duration_s=300.0, jobs=2).predict(scen)
     for a, b in ((serial.throughput_tok_s, parallel.throughput_tok_s), (serial.ttft_ms_p99_all, parallel.ttft_ms_p99_all),
                  (serial.tpot_ms_p99, parallel.tpot_ms_p99)):

@@ -41,6 +41,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     from models.predictor import load_predictor
+    from models.twin_memo import MEMO
     from planner.plan import PlanOptions, pack_request, run_algorithm
     from twin import InfeasibleError, load_profile
 
@@ -55,6 +56,7 @@ def main() -> None:
                 walls, outcome, k = [], None, 0
                 while k <= args.repeats or sum(walls) < MIN_TIMED_S and k <= MAX_REPEATS:
                     k += 1
+                    MEMO.clear()  # each run asks a twin predictor afresh
                     t0 = time.perf_counter()
                     try:
                         groups = run_algorithm(pack_request(wl, profile, predictor, opts), opts)
