@@ -89,6 +89,8 @@ class TwinPredictor:
         keys = [scenario_key(run, sc, f) for sc, f in items]
         out = [MEMO.get(k) for k in keys]
         ask = [i for i, row in enumerate(out) if row is None]
+        if len(ask) < n:
+            self._advance(n - len(ask), n)
         if self.jobs > 1 and len(ask) > 1:
             rows = self._in_workers(one, [items[i] for i in ask], n - len(ask), n)
         else:

@@ -39,8 +39,11 @@ def test_a_scenario_asked_again_is_answered_as_simulated_without_simulating(monk
     twin = TwinPredictor(load_profile(LLAMA), duration_s=300.0, slowdown=1.3)
     first = twin.predict([_scenario(4, 1.0), _scenario(8, 2.0)])
     assert len(simulated) == 2 and len(MEMO) == 2
-    again = replace(twin).predict([_scenario(8, 2.0), _scenario(4, 1.0), _scenario(6, 1.0)])  # another instance
+    progress: list = []
+    again = replace(twin, progress=lambda done, n: progress.append((done, n))).predict(
+        [_scenario(8, 2.0), _scenario(4, 1.0), _scenario(6, 1.0)])  # another instance
     assert len(simulated) == 3  # only the new scenario
+    assert progress == [(2, 3), (3, 3)]  # the kept answers count as done
     for field in ("throughput_tok_s", "arriving_tok_s", "ttft_ms_p99_all", "tpot_ms_p99", "ttft_ms_p999_all"):
         assert getattr(again, field)[0] == getattr(first, field)[1]
         assert getattr(again, field)[1] == getattr(first, field)[0]
