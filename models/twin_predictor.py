@@ -9,7 +9,7 @@ import os
 import signal
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, is_dataclass, replace
 from functools import partial
 
 import numba
@@ -84,10 +84,8 @@ class TwinPredictor:
         one = partial(_simulate_on, profiles, self.duration_s, self.seed, self.policy, self.arrivals,
                       self.min_requests, self.max_duration_s)
         items = [(sc, bool(f)) for sc, f in zip(scenarios, few)]
-        run = run_key(simulation_hash(self.profile, self.policy), self.slowdown, self.few, self.duration_s, self.seed,
-                      self.policy, self.arrivals, self.min_requests, self.max_duration_s)
-        keys = [scenario_key(run, sc, f) for sc, f in items]
-        out = [MEMO.get(k) for k in keys]
+        keys = self._memo_keys(items)
+        out = [None if k is None else MEMO.get(k) for k in keys]
         ask = [i for i, row in enumerate(out) if row is None]
         if len(ask) < n:
             self._advance(n - len(ask), n)
@@ -100,7 +98,8 @@ class TwinPredictor:
                 self._advance(n - len(ask) + len(rows), n)
         for i, row in zip(ask, rows):
             out[i] = row
-            MEMO.put(keys[i], row)
+            if keys[i] is not None:
+                MEMO.put(keys[i], row)
         res = np.array(out, float).reshape(n, 6)
         if few.any():  # the twin's measured error at few adapters (FewAdapters)
             served = np.array([len(sc) for sc in scenarios], float)[few]
@@ -110,6 +109,15 @@ class TwinPredictor:
         thr, arriving = res[:, 0] / extra, res[:, 1] / extra  # per the traffic asked about
         return Predictions(thr, thr < STARVATION_THRESHOLD * arriving, arriving, res[:, 2].copy(), res[:, 3].copy(),
                            res[:, 4].copy(), res[:, 5].copy())
+
+    def _memo_keys(self, items: Sequence[tuple[GpuScenario, bool]]) -> list[bytes | None]:
+        """Each item's key in :data:`MEMO`; None where the run cannot be keyed by value (an arrival process that is
+        not a dataclass: its ``repr`` may be an address)."""
+        if self.arrivals is not None and not is_dataclass(self.arrivals):
+            return [None] * len(items)
+        run = run_key(simulation_hash(self.profile, self.policy), self.slowdown, self.few, self.duration_s, self.seed,
+                      self.policy, self.arrivals, self.min_requests, self.max_duration_s)
+        return [scenario_key(run, sc, f) for sc, f in items]
 
     def _in_workers(self, one: Callable, items: Sequence[tuple[GpuScenario, bool]], before: int, total: int) -> list:
         """``one`` of each (scenario, few) item, in the worker pool: the costliest first (by expected requests), in

@@ -13,6 +13,7 @@ from models.scenario import GpuScenario
 from models.twin_memo import MEMO, TwinMemo
 from models.twin_predictor import FewAdapters, TwinPredictor
 from twin import load_profile
+from twin.workload import PoissonArrivals
 
 LLAMA = "h100-64gb-llama-3.1-8b"
 
@@ -77,3 +78,18 @@ def test_the_oldest_answers_are_dropped_past_the_limit():
         memo.put(bytes([k]), row)
     assert len(memo) == 2 and memo.get(bytes([0])) is None
     assert memo.get(bytes([1])) == rows[1] and memo.get(bytes([2])) == rows[2]
+
+
+class _PlainArrivals:
+    """Poisson arrivals from a class that is not a dataclass (its ``repr`` is its address)."""
+
+    def adapter_times(self, rate: float, duration: float, rng: np.random.Generator) -> np.ndarray:
+        return PoissonArrivals().adapter_times(rate, duration, rng)
+
+
+def test_a_run_that_cannot_be_keyed_by_value_is_simulated_every_time(monkeypatch):
+    simulated = _counting(monkeypatch)
+    twin = TwinPredictor(load_profile(LLAMA), duration_s=300.0, arrivals=_PlainArrivals())
+    first, again = twin.predict([_scenario(4, 1.0)]), twin.predict([_scenario(4, 1.0)])
+    assert len(simulated) == 2 and len(MEMO) == 0
+    assert first.tpot_ms_p99[0] == again.tpot_ms_p99[0]

@@ -111,7 +111,7 @@ def single_plan(kind: str, csv: Path, wl: Workload, lengths: tuple[float, float]
         ins = np.array([a.input_tokens or lengths[0] for a in wl.adapters])
         outs = np.array([a.output_tokens or lengths[1] for a in wl.adapters])
         mask = servable(wl, ins, outs, load_profile(KINDS[kind]))
-        if mask.any():
+        if 0 < mask.sum() < len(wl):  # (a refusal for another reason leaves every adapter servable)
             share = work / f"share-{kind}.csv"
             write_workload_csv(Workload(tuple(a for a, m in zip(wl.adapters, mask) if m)), share)
             row["share"] = {"adapters": int(mask.sum()), **_alone(kind, share, lengths, work / f"share-{kind}.json")}
@@ -120,7 +120,8 @@ def single_plan(kind: str, csv: Path, wl: Workload, lengths: tuple[float, float]
 
 def kind_wall(single: dict) -> float:
     """What pricing the kind alone took: its plan of the workload, or of its share where it cannot serve all."""
-    return single["share"]["wall_s"] if "share" in single else single["wall_s"]
+    share = single.get("share")
+    return share["wall_s"] if share and share["exit"] == 0 else single["wall_s"]
 
 
 def _alone(kind: str, csv: Path, lengths: tuple[float, float], out: Path) -> dict:

@@ -40,6 +40,7 @@ COUNTS = (8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1280)
 def run_case(args) -> list[dict]:
     profile_id, predictor_kind, rates, ranks, n, gpus, duration = args
     from models.predictor import load_predictor
+    from models.twin_memo import MEMO
     from planner.evaluate import evaluate_placement
     from planner.placement import Placement, adapter_rows, build_instances, engine_settings
     from planner.plan import PlanOptions, pack_request, plan_groups
@@ -54,6 +55,7 @@ def run_case(args) -> list[dict]:
     for alg, opts in variants:
         req = pack_request(wl, profile, predictor, opts)
         row = {"rates": rates, "ranks": ranks, "adapters": n, "algorithm": alg}
+        MEMO.clear()  # each variant asks the twin afresh
         t0 = time.perf_counter()
         try:
             groups, confirmation = plan_groups(req, opts)

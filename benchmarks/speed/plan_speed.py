@@ -79,9 +79,11 @@ def main() -> None:
 
 def confirmed_plan(req, opts) -> dict:
     """Wall time and outcome of the default plan: packing, then the twin confirmation."""
+    from models.twin_memo import MEMO
     from planner.plan import plan_groups
     from twin import InfeasibleError
 
+    MEMO.clear()
     t0 = time.perf_counter()
     try:
         groups, conf = plan_groups(req, opts)

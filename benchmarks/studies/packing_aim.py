@@ -20,6 +20,7 @@ from dataclasses import replace
 
 from benchmarks.record import write_result
 from models.predictor import default_predictor
+from models.twin_memo import MEMO
 from planner.confirm import pack_confirmed
 from planner.plan import PlanOptions, pack_request
 from twin import load_profile
@@ -47,6 +48,7 @@ def main() -> None:
             row = {"family": family, "seed": seed}
             for aim, load in aims.items():
                 messages: list[str] = []
+                MEMO.clear()  # each aim asks the twin afresh
                 t0 = time.perf_counter()
                 aimed = replace(req, margin=bar.slowdown * load - 1.0)
                 groups, conf = pack_confirmed(aimed, run=opts.run, bar=bar, progress=messages.append)
