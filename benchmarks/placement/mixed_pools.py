@@ -248,6 +248,7 @@ def summary(rows: list[dict]) -> dict:
     pools = [p for r in rows for p in r["pools"]]
     ok = [p for p in pools if p["exit"] == 0]
     singles = [s for r in rows for s in r["singles"].values()]
+    kinds_sums = [p["wall_over_kinds_sum"] for p in pools if p.get("wall_over_kinds_sum") is not None]
     out = {
         "cases": len(rows), "pool_plans": len(pools), "pool_exit_0": len(ok), "all_exit_0": len(ok) == len(pools),
         "single_plans": len(singles), "single_exit_0": sum(s["exit"] == 0 for s in singles),
@@ -262,8 +263,8 @@ def summary(rows: list[dict]) -> dict:
         "saving": _stats([p["saving"] for p in ok if p["saving"] is not None]),
         "mixed_plans": sum(sum(v > 0 for v in p["gpus_by_kind"].values()) > 1 for p in ok),
         "target_wall_ratio": TARGET_WALL_RATIO,
-        "wall_over_kinds_sum": _stats([p["wall_over_kinds_sum"] for p in pools]),
-        "within_wall_target": sum(p["wall_over_kinds_sum"] <= TARGET_WALL_RATIO for p in pools),
+        "wall_over_kinds_sum": _stats(kinds_sums),
+        "within_wall_target": sum(r <= TARGET_WALL_RATIO for r in kinds_sums),
         "wall_over_singles_sum": _stats([p["wall_over_singles_sum"] for p in pools]),
         "wall_over_slowest_single": _stats([p["wall_over_slowest_single"] for p in pools]),
         "wall_over_cheapest_single": _stats([p["wall_over_cheapest_single"] for p in pools
