@@ -63,15 +63,18 @@ class Progress:
         self.stream.flush()
 
 
-def counter(label: str, unit: str = "it", enabled: bool = True) -> Callable[..., None]:
+def counter(label: str, unit: str = "it", enabled: bool = True, stream: TextIO | None = None,
+            every_s: float = 30.0) -> Callable[..., None]:
     """A ``(done, of[, note])`` callback drawing one :class:`Progress` per run of work: started by the first
-    call, closed when ``done`` reaches ``of``."""
+    call, closed when ``done`` reaches ``of``. What the first call reports done was done before the bar
+    started (answers the twin had kept, a first chunk): it counts in the share, not in the rate."""
     state: dict[str, Progress] = {}
 
     def report(done: int, of: int, note: str | None = None) -> None:
         bar = state.get("bar")
         if bar is None or bar.total != of:
-            bar = state["bar"] = Progress(of, label, unit=unit, enabled=enabled)
+            bar = state["bar"] = Progress(of, label, done=done, unit=unit, every_s=every_s, enabled=enabled,
+                                          stream=stream)
         bar.set(done, note)
         if done >= of:
             bar.close()
