@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
+from functools import cache
 from pathlib import Path
 
 from benchmarks.placement.mixed_pools import TARGET_WALL_RATIO, summary
@@ -50,9 +51,10 @@ def latest_cases(paths: list[Path]) -> list[dict]:
     return sorted(best.values(), key=lambda r: (len(r["kinds"]), r["adapters"], r["family"], r["seed"]))
 
 
+@cache
 def changes_since(commit: str | None) -> int | None:
     """Commits since ``commit`` (a ``-dirty`` run counts as its commit) that changed the planning code; None
-    where git cannot tell."""
+    where git cannot tell. Asked once per commit: most cases of a result file share one."""
     if not commit:
         return None
     since = f"{commit.removesuffix('-dirty')}..HEAD"
