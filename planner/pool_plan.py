@@ -336,12 +336,12 @@ class PoolPlanner:
             self.estimate_shortfall[estimated.single] = judged.packs[0].gpus / estimated.packs[0].gpus
 
     def expected_cost(self, option: PoolChoice, unjudged: float = 1.0) -> float:
-        """What ``option`` is expected to cost judged: each kind the twin packs that many more GPUs than its
-        estimate as judging its whole share alone took (:attr:`estimate_shortfall`), or ``unjudged`` times its
-        estimate before that; the others as packed."""
+        """What ``option`` is expected to cost judged: each kind the twin packs, where not judged yet, that many
+        more GPUs than its estimate as judging its whole share alone took (:attr:`estimate_shortfall`), or
+        ``unjudged`` times its estimate before that; the others, and packings judged already, as packed."""
         return sum(np.ceil(p.gpus * (self.estimate_shortfall.get(p.kind.name, unjudged)
-                                     if self.twin_packed(p.kind) else 1.0) - 1e-9) * p.kind.price
-                   for p in option.packs)
+                                     if self.twin_packed(p.kind) and p.confirmation is None else 1.0) - 1e-9)
+                   * p.kind.price for p in option.packs)
 
     def adapter_prices(self, pack: KindPack) -> np.ndarray:
         """Per workload adapter, its share of the price of the GPUs ``pack`` put it on (inf: not in it)."""
@@ -564,6 +564,8 @@ def plan_pool(planner: PoolPlanner) -> PoolOutcome:
         judged = planner.judge(option, np.inf if best is None or option.single is not None else best.cost)
         if judged is None:
             continue
+        planner.say(("judged: " if option.single is None else f"judged, {option.single} alone: ")
+                    + " + ".join(f"{p.gpus} x {p.kind.name}" for p in judged.packs) + f", {judged.cost:g}/h")
         planner.learn_shortfall(option, judged)
         _record_single(singles, judged)
         over = judged.over_count()

@@ -472,6 +472,22 @@ def test_a_mix_keeping_judged_gpus_is_not_packed_in_full_again_where_that_could_
     assert planner.confirm(pack, reuse=True, bound=pack.cost + 1e-6).gpus == pack.gpus and len(full) == 1
 
 
+def test_a_mix_is_expected_to_cost_its_judged_packings_as_they_are_and_the_others_with_the_shortfall(tmp_path):
+    """The GPUs judging added to a twin-packed kind alone scale a mix's estimate of that kind, not a packing of
+    it judged already (a mix trimmed to a count keeps its judged GPUs)."""
+    from planner.confirm import Confirmation
+    from planner.pool_plan import KindPack, PoolChoice
+
+    planner = _planner(tmp_path)
+    cpu = planner.pool.kinds[1]
+    pack = planner.pack(cpu, planner.servable["cpu"].nonzero()[0])
+    planner.estimate_shortfall["cpu"] = 1.5
+    judged = KindPack(cpu, pack.members, pack.req, pack.groups, Confirmation(None, None, 0.0, 1, 0, 0, [], 0.0))
+    assert planner.expected_cost(PoolChoice([judged], None)) == pytest.approx(pack.cost)
+    assert planner.expected_cost(PoolChoice([pack], None)) == pytest.approx(np.ceil(pack.gpus * 1.5) * cpu.price)
+    assert planner.expected_cost(PoolChoice([judged], None), 2.0) == pytest.approx(pack.cost)
+
+
 def test_a_twin_packed_kind_asked_for_the_adapters_it_priced_is_not_packed_again(tmp_path):
     """Balancing keeps the GPU count, which is all a mix asks of its packing: the priced one serves."""
     planner = _planner(tmp_path)
