@@ -92,8 +92,8 @@ def table(lines: list[dict]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("files", nargs="*", type=Path, help="mixed_pools result files (default: %(default)s)",
-                    default=sorted(RESULTS.glob("mixed_pools*.json")))
+    ap.add_argument("files", nargs="*", type=Path, default=sorted(RESULTS.glob("mixed_pools*.json")),
+                    help="mixed_pools result files (default: every artifacts/benchmarks/mixed_pools*.json)")
     ap.add_argument("--out", type=Path, default=None, help="also write the table and summaries as JSON here")
     args = ap.parse_args()
     missing = [str(p) for p in args.files if not p.is_file()]
