@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from planner.greedy import Entry, plan_greedy
-from planner.packing import GpuGroup, PackRequest, group_scenario
+from planner.packing import GpuGroup, NotEnoughGpusError, PackRequest, group_scenario
 from planner.prefix_search import shares_of
 from planner.verdict import (
     CONFIRM_RATIO,
@@ -201,8 +201,10 @@ def _report(progress: Progress | None, check: TwinCheck, short: np.ndarray, marg
 
 
 def _repack_failed(exc: InfeasibleError, repacked: int, margin: float) -> InfeasibleError:
-    return InfeasibleError(f"{exc} (the twin found {repacked} GPU(s) short, so adapters were packed again "
-                           f"to keep up with {1 + margin:.3g}x their load)")
+    message = (f"{exc} (the twin found {repacked} GPU(s) short, so adapters were packed again to keep up with "
+               f"{1 + margin:.3g}x their load)")
+    return NotEnoughGpusError(message, exc.adapter_ids) if isinstance(exc, NotEnoughGpusError) else InfeasibleError(
+        message)
 
 
 def _still_short(margin: float) -> InfeasibleError:

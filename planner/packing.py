@@ -307,13 +307,25 @@ def priority_order(ranks: np.ndarray, rates: np.ndarray) -> list[int]:
     return order
 
 
-def not_enough_gpus(req: PackRequest, left: list[int], used: int) -> InfeasibleError:
+class NotEnoughGpusError(InfeasibleError):
+    """A packing ran out of the GPUs it may use; ``adapter_ids``: the adapters it had no room for."""
+
+    def __init__(self, message: str, adapter_ids: tuple[str, ...]):
+        super().__init__(message)
+        self.adapter_ids = adapter_ids
+
+
+def listed(ids: list[str], shown: int = 8) -> str:
+    """The first ``shown`` of ``ids``, and how many more."""
+    return ", ".join(ids[:shown]) + (f" and {len(ids) - shown} more" if len(ids) > shown else "")
+
+
+def not_enough_gpus(req: PackRequest, left: list[int], used: int) -> NotEnoughGpusError:
     ids = [req.adapter_id(i) for i in left]
-    shown = ", ".join(ids[:8]) + (f" and {len(ids) - 8} more" if len(ids) > 8 else "")
     load = float(req.arriving_tok_s[left].sum())
-    return InfeasibleError(
-        f"not enough GPUs: {used} GPUs are full and {len(ids)} adapters are left ({shown}; "
-        f"{load:,.0f} tok/s arriving); allow more with --gpus"
+    return NotEnoughGpusError(
+        f"not enough GPUs: {used} GPUs are full and {len(ids)} adapters are left ({listed(ids)}; "
+        f"{load:,.0f} tok/s arriving); allow more with --gpus", tuple(ids)
     )
 
 

@@ -3,8 +3,10 @@
 An adapter stays on the kind it is on (moving kinds would stop it on one set of hosts and start it on
 another); a new adapter, or one its kind can no longer serve, goes to the kind that serves the previous plan's
 tokens at the lowest price (price per hour of its GPUs over the tokens they serve), else to the cheapest kind
-that can serve it. The churn budget is spent kind by kind in the pool's order; ``--gpu-tolerance`` holds
-per kind. Which kinds to use is chosen again by a fresh ``planner plan --pool``, not by a re-plan.
+that can serve it. Where a kind at its ``count`` has no room for adapters with the new traffic, those go to the
+next kind in that order that serves them, and the kinds are re-planned again (a move the SLO forces, made
+whatever the churn budget). The churn budget is spent kind by kind in the pool's order; ``--gpu-tolerance``
+holds per kind. Which kinds to use is chosen again by a fresh ``planner plan --pool``, not by a re-plan.
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ import numpy as np
 
 from models.scenario import Predictor
 from planner.confirm import Progress
+from planner.packing import NotEnoughGpusError, listed
 from planner.placement import Placement, engine_settings
 from planner.plan import UNLIMITED_GPUS, PlanOptions
 from planner.pool import GpuKind, Kind, Pool
 from planner.pool_plan import PoolPlanner, instance_prefix, pool_placement
 from planner.replan import ChurnBudget, changes, replan
 from planner.verdict import ServiceBar
+from twin.errors import InfeasibleError
 from twin.profile import Profile, load_profile
 from twin.workload import Workload
 
@@ -43,8 +47,55 @@ def replan_pool(previous: Placement, workload_path, workload: Workload, opts: Pl
     GPUs are judged by (the part's recorded one, with the user's overrides)."""
     pool = recorded_pool(previous)
     planner = PoolPlanner(workload, pool, predictor_for, opts, progress)
+    order = _kind_order(previous, pool)
+    kind_of = _kinds_tonight(previous, workload, pool, planner, order)
+    index = {a.adapter_id: i for i, a in enumerate(workload.adapters)}
+    closed = np.zeros((len(pool.kinds), len(workload)), bool)  # kinds found with no room for an adapter
+    spilled: dict[str, str] = {}
+    while True:
+        try:
+            return _replan_kinds(previous, workload_path, planner, kind_of, spilled, opts, bar_for, split_hot,
+                                 budget, progress)
+        except _KindFull as full:
+            j, kind = full.kind, pool.kinds[full.kind]
+            ids = full.error.adapter_ids
+            if not ids:
+                raise full.error from None
+            at = np.array([index[a] for a in ids], np.int64)
+            closed[j, at] = True
+            open_kinds = [[k for k in order if planner.servable[pool.kinds[k].name][i] and not closed[k, i]]
+                          for i in at]
+            if not all(open_kinds):
+                stuck = [a for a, o in zip(ids, open_kinds) if not o]
+                raise InfeasibleError(
+                    f"kind {kind.name} is at its count ({_gpus(kind.spec.count)}) and has no room for "
+                    f"{listed(stuck)} with this traffic, and no other kind of the pool serves "
+                    f"{'it' if len(stuck) == 1 else 'them'} with room left: plan afresh with "
+                    "`planner plan --pool` over a pool with more GPUs") from None
+            for i, a, o in zip(at, ids, open_kinds):
+                kind_of[i] = o[0]
+                spilled[a] = f"kind {kind.name} is at its count ({_gpus(kind.spec.count)}) and has no room for it"
+            if progress:
+                progress(f"kind {kind.name}: at its count of {_gpus(kind.spec.count)} with no room for "
+                         f"{listed(list(ids))}: moving {'it' if len(ids) == 1 else 'them'} to the next kind "
+                         "and re-planning the kinds again")
+
+
+class _KindFull(Exception):
+    """Re-planning the kind ``kind`` (pool index) ran out of its count (``error`` names the adapters left)."""
+
+    def __init__(self, kind: int, error: NotEnoughGpusError):
+        super().__init__(str(error))
+        self.kind, self.error = kind, error
+
+
+def _replan_kinds(previous: Placement, workload_path, planner: PoolPlanner, kind_of: np.ndarray,
+                  spilled: dict[str, str], opts: PlanOptions, bar_for, split_hot: bool, budget: ChurnBudget,
+                  progress: Progress | None) -> Placement:
+    """Each kind's GPUs re-planned for the adapters ``kind_of`` puts on it (``spilled``: adapters moved off a
+    kind at its count, with why); :class:`_KindFull` where a kind with a count has no room."""
+    pool = planner.pool
     parts = {kind["name"]: part for kind, part in previous.by_kind()}
-    kind_of = _kinds_tonight(previous, workload, pool, planner)
     out_parts, restarts, reasons, held_back, fresh = [], {}, {}, [], 0
     left = budget
     for j, kind in enumerate(pool.kinds):
@@ -58,8 +109,13 @@ def replan_pool(previous: Placement, workload_path, workload: Workload, opts: Pl
                       max_gpus=kind.spec.count or UNLIMITED_GPUS)
         if progress:
             progress(f"kind {kind.name}: re-planning {len(members):,} adapters on {len(part.instances)} GPU(s)")
-        new = replan(part, workload_path, req, split_hot=split_hot, confirm=opts.confirm, run=opts.run, bar=bar,
-                     budget=left, progress=progress, id_prefix=instance_prefix(kind), with_bound=False)
+        try:
+            new = replan(part, workload_path, req, split_hot=split_hot, confirm=opts.confirm, run=opts.run, bar=bar,
+                         budget=left, progress=progress, id_prefix=instance_prefix(kind), with_bound=False)
+        except NotEnoughGpusError as exc:
+            if kind.spec.count is None:
+                raise
+            raise _KindFull(j, exc) from None
         ch = new.changes
         restarts.update({i["instance_id"]: i["restart_because"] for i in ch["instances"] if i["restart"]})
         reasons.update({m["adapter_id"]: m["reason"] for m in ch["moves"]})
@@ -68,21 +124,32 @@ def replan_pool(previous: Placement, workload_path, workload: Workload, opts: Pl
         left = _spent(left, len(ch["moved_adapters"]), len(ch["restarts"]))
         out_parts.append((kind, new.instances, new.inputs.get("confirmation")))
     placement = pool_placement(workload_path, planner, out_parts, [])
-    placement.changes = changes(previous, placement, restarts, reasons, fresh)
+    placement.changes = changes(previous, placement, restarts, {**reasons, **spilled}, fresh)
     placement.changes["held_back"] = held_back
     return placement
 
 
-def _kinds_tonight(previous: Placement, workload: Workload, pool: Pool, planner: PoolPlanner) -> np.ndarray:
-    """Per workload adapter, the index of the kind it is re-planned on (module docstring)."""
+def _gpus(count: int) -> str:
+    return f"{count} GPU{'' if count == 1 else 's'}"
+
+
+def _kind_order(previous: Placement, pool: Pool) -> list[int]:
+    """The pool's kinds (indices), cheapest first: by the price of the tokens they served in ``previous``, then
+    by the price of a GPU."""
+    cost = [_price_per_token(previous, k) for k in pool.kinds]
+    return sorted(range(len(pool.kinds)), key=lambda j: (cost[j], pool.kinds[j].price))
+
+
+def _kinds_tonight(previous: Placement, workload: Workload, pool: Pool, planner: PoolPlanner,
+                   order: list[int]) -> np.ndarray:
+    """Per workload adapter, the index of the kind it is re-planned on (module docstring; ``order``:
+    :func:`_kind_order`)."""
     index = {k.name: j for j, k in enumerate(pool.kinds)}
     was = {}
     for inst in previous.instances:
         for a in inst.adapters:
             was.setdefault(a, index[inst.kind])
     served = np.array([planner.servable[k.name] for k in pool.kinds])  # kinds x adapters
-    cost = [_price_per_token(previous, k) for k in pool.kinds]
-    order = sorted(range(len(pool.kinds)), key=lambda j: (cost[j], pool.kinds[j].price))
     out = np.empty(len(workload), np.int64)
     for i, a in enumerate(workload.adapters):
         j = was.get(a.adapter_id)

@@ -177,6 +177,44 @@ def test_replan_keeps_adapters_on_their_kind_and_places_new_ones(mixed, tmp_path
     assert all(i.instance_id.startswith(f"{i.kind}-gpu-") for i in re.instances)
 
 
+def _two_h100_kinds(path, a_count: int, b_count: int | None = None) -> str:
+    path.write_text("kinds:\n" + "".join(
+        f"  - {{name: {n}, profile: {H100}, price_per_hour: {p}{'' if c is None else f', count: {c}'}}}\n"
+        for n, p, c in (("a", 1.0, a_count), ("b", 2.0, b_count))))
+    return str(path)
+
+
+def test_replan_moves_what_a_kind_at_its_count_has_no_room_for_to_the_next_kind(tmp_path):
+    """The cheaper kind's one GPU, at its count, falls short with tonight's traffic: the adapters it has no room
+    for go to the next kind (a forced move, with its reason), every GPU passes; where no kind has room the re-plan
+    is refused naming the kind's count and what to do, not --gpus (which a pool re-plan refuses)."""
+    wl = tmp_path / "w.csv"
+    wl.write_text("adapter_id,rank,rate_rps\n" + "".join(f"a{k},{[8, 16][k % 2]},0.5\n" for k in range(8)))
+    res = plan(wl, "--pool", _two_h100_kinds(tmp_path / "pool.yaml", 1), "--out", tmp_path / "plan.json")
+    assert res.exit_code == 0, res.output
+    before = read_placement(tmp_path / "plan.json")
+    assert [i.kind for i in before.instances] == ["a"]
+    night = tmp_path / "night.csv"
+    night.write_text("adapter_id,rank,rate_rps\n" + "".join(
+        f"a{k},{[8, 16][k % 2]},{20.0 if k < 2 else 0.5}\n" for k in range(8)))
+    res = CliRunner().invoke(main, ["replan", str(night), "--previous", str(tmp_path / "plan.json"),
+                                    "--out", str(tmp_path / "re.json")])
+    assert res.exit_code == 0, res.output
+    re = read_placement(tmp_path / "re.json")
+    assert re.summary()["all_ok"] and re.summary()["gpus_by_kind"]["a"] == 1 and re.summary()["gpus_by_kind"]["b"] >= 1
+    spilled = [m for m in re.changes["moves"] if "kind a is at its count (1 GPU)" in m["reason"]]
+    assert spilled and all(m["to"][0].startswith("b-gpu-") for m in spilled)
+    assert "at its count of 1 GPU with no room for" in res.output
+    (tmp_path / "one.yaml").write_text(f"kinds: [{{name: a, profile: {H100}, price_per_hour: 1, count: 1}}]")
+    res = plan(wl, "--pool", tmp_path / "one.yaml", "--out", tmp_path / "one.json")
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(main, ["replan", str(night), "--previous", str(tmp_path / "one.json"),
+                                    "--out", str(tmp_path / "re1.json")])
+    assert res.exit_code == 3 and "kind a is at its count (1 GPU) and has no room for" in res.output, res.output
+    assert "plan afresh with `planner plan --pool`" in res.output and "--gpus" not in res.output
+    assert not (tmp_path / "re1.json").exists()
+
+
 def test_a_kind_that_serves_none_of_the_adapters_is_passed_over(tmp_path):
     (tmp_path / "r32.csv").write_text("adapter_id,rank,rate_rps\na0,32,0.5\na1,32,0.2\na2,32,1.0\n")
     res = plan(tmp_path / "r32.csv", "--pool", pool_yaml(tmp_path / "pool.yaml"), "--out", tmp_path / "plan.json")
