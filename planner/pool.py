@@ -99,6 +99,28 @@ class Pool:
     def reference(self) -> Kind:
         return self.kinds[0]
 
+    def other_models(self) -> str | None:
+        """In words, the kinds whose profiles' models have another shape than the reference kind's (layers, KV
+        heads, head size), or None: a LoRA adapter is trained for one base model, so such kinds cannot serve the
+        same adapters, though the planner prices them as if they could (the CPU profile's tiny model does so to
+        exercise a pool on a laptop)."""
+        ref = _shape(self.reference.profile)
+        other = [k for k in self.kinds if _shape(k.profile) != ref]
+        if not other:
+            return None
+        shapes = "; ".join(f"{k.name}: {_shape_words(k.profile)}" for k in (self.reference, *other))
+        return (f"the kinds' profiles serve models of different shapes ({shapes}): a LoRA adapter fits one base "
+                "model, so in production every kind serves the same one; this plan prices them as if they did")
+
+
+def _shape(profile: Profile) -> tuple:
+    return tuple(profile.model.get(k) for k in ("num_hidden_layers", "num_key_value_heads", "head_dim"))
+
+
+def _shape_words(profile: Profile) -> str:
+    layers, kv_heads, head_dim = _shape(profile)
+    return f"{layers} layers, {kv_heads} KV heads of {head_dim}"
+
 
 
 def read_pool(path: str | os.PathLike) -> Pool:

@@ -215,6 +215,21 @@ def test_replan_moves_what_a_kind_at_its_count_has_no_room_for_to_the_next_kind(
     assert not (tmp_path / "re1.json").exists()
 
 
+def test_a_pool_of_kinds_serving_models_of_other_shapes_is_planned_with_a_note_saying_so(tmp_path):
+    """A LoRA adapter fits one base model: a Llama kind beside a Qwen one is priced all the same (the CPU kind's
+    tiny model exercises pools that way), with a note naming each kind's model shape; kinds of one model get
+    none."""
+    small = "datasets/workloads/small-8-adapters.csv"
+    (tmp_path / "two.yaml").write_text(f"kinds: [{{name: a, profile: {H100}, price_per_hour: 1}}, "
+                                       "{name: b, profile: h100-64gb-qwen2.5-7b, price_per_hour: 1}]")
+    res = plan(small, "--pool", tmp_path / "two.yaml")
+    assert res.exit_code == 0, res.output
+    assert ("note: the kinds' profiles serve models of different shapes (a: 32 layers, 8 KV heads of 128; b: 28 "
+            "layers, 4 KV heads of 128)") in res.output
+    res = plan(small, "--pool", "datasets/workloads/h100-pool.yaml")
+    assert res.exit_code == 0 and "note:" not in res.output, res.output
+
+
 def test_a_kind_that_serves_none_of_the_adapters_is_passed_over(tmp_path):
     (tmp_path / "r32.csv").write_text("adapter_id,rank,rate_rps\na0,32,0.5\na1,32,0.2\na2,32,1.0\n")
     res = plan(tmp_path / "r32.csv", "--pool", pool_yaml(tmp_path / "pool.yaml"), "--out", tmp_path / "plan.json")
