@@ -345,8 +345,8 @@ holds the lock on --out (nothing was done). On any failure the files are left as
 @click.option("--gpus", type=click.IntRange(min=1), default=None, help="GPUs available in total.")
 @click.option("--predictor", "predictor_kind", default="auto", show_default=True,
               help="auto, surrogate, small-tree or twin (see `planner plan --help`).")
-@click.option("--headroom", type=FiniteFloat(min=0), default=0.0, show_default=True,
-              help="Plan for rates this fraction above the workload's.")
+@click.option("--headroom", type=FiniteFloat(min=0), default=None,
+              help="Plan for rates this fraction above the workload's [the previous plan's].")
 @click.option("--split-hot/--no-split-hot", default=True, show_default=True)
 @click.option("--max-moves", default=None, metavar="N|P%",
               help="Adapters that may move to save GPUs: a count or a share of the workload's [no limit]. Moves "
@@ -365,9 +365,9 @@ def replan(workload, previous_file, out, profile_id, gpus, predictor_kind, headr
            as_json, model, adapter_dir, port_base, image, manifest_name) -> None:
     """Re-plan for WORKLOAD from the deployed placement: every GPU passes, then the fewest GPUs, then the least churn.
 
-    Every GPU is judged in the twin as `planner plan` judges it (by the previous plan's SLO unless
-    --objective, --max-ttft, --max-tpot or --min-served say otherwise). A GPU that still passes is left
-    alone, so the same workload changes nothing. One that falls short gives up its hottest adapters (or
+    Every GPU is judged in the twin as `planner plan` judges it (by the previous plan's SLO and headroom
+    unless --objective, --max-ttft, --max-tpot, --min-served or --headroom say otherwise). A GPU that still
+    passes is left alone, so the same workload changes nothing. One that falls short gives up its hottest adapters (or
     restarts with another --max-loras); new and given-up adapters go where there is room, else to new
     GPUs; while a fresh plan of the day would need fewer GPUs (plus --gpu-tolerance), GPUs are emptied
     into the others within --max-moves. The 'changes' section lists per GPU what loads, unloads and why
@@ -387,6 +387,7 @@ def replan(workload, previous_file, out, profile_id, gpus, predictor_kind, headr
     real_out = check_writable(out, "--out")  # resolved once: the lock and the write are of one file
     with exclusive(real_out):
         previous = read_placement(previous_file)
+        headroom = previous.inputs.get("headroom", 0.0) if headroom is None else headroom
         objective_given = click.get_current_context().get_parameter_source("objective").name != "DEFAULT"
 
         def bar_for(plan, profile):

@@ -38,6 +38,7 @@ class PackRequest:
     input_tokens: np.ndarray  # float64 mean prompt tokens per adapter
     output_tokens: np.ndarray
     seed: int = 0
+    headroom: float = 0.0  # the fraction rates_rps are above the workload's (the plan records it)
     policy: PolicySpec | None = None  # the predictor's serving policy; None: stock vLLM
     margin: float = 0.0  # a GPU passes only if predicted to keep up with (1 + margin) x its load
     # The judging run's load margin where it scales with request sizes (TwinRun.size_scaled): a group whose
@@ -76,8 +77,8 @@ class PackRequest:
             workload=workload, profile=profile, predictor=predictor, max_gpus=max_gpus,
             ranks=workload.ranks,
             rates_rps=np.array([a.rate_rps for a in ads]) * (1.0 + headroom),
-            input_tokens=ins, output_tokens=outs,
-            seed=seed, policy=getattr(predictor, "policy", None),  # predictors without one model stock vLLM
+            input_tokens=ins, output_tokens=outs, seed=seed, headroom=headroom,
+            policy=getattr(predictor, "policy", None),  # predictors without one model stock vLLM
             adapter_ttft_s=np.array([np.nan if a.max_ttft_s is None else a.max_ttft_s for a in ads], float),
             adapter_tpot_ms=np.array([np.nan if a.max_tpot_ms is None else a.max_tpot_ms for a in ads], float),
         )

@@ -226,7 +226,7 @@ def adapter_rows(req: PackRequest) -> list[dict[str, Any]]:
     ]
 
 
-def plan_inputs(workload_path, req: PackRequest, algorithm: str, headroom: float) -> dict[str, Any]:
+def plan_inputs(workload_path, req: PackRequest, algorithm: str) -> dict[str, Any]:
     """The ``inputs`` section; ``policy`` (name and non-preset params) only for a non-stock serving policy."""
     pred = req.predictor
     policy = policy_record(req.policy)
@@ -244,7 +244,7 @@ def plan_inputs(workload_path, req: PackRequest, algorithm: str, headroom: float
         "profile_id": req.profile.profile_id,
         **({} if policy is None else {"policy": policy}),
         "predictor": {"kind": pred.kind, "id": getattr(pred, "artifact_id", None), "edge": req.edge},
-        "algorithm": algorithm, "headroom": headroom, "seed": req.seed,
+        "algorithm": algorithm, "headroom": req.headroom, "seed": req.seed,
         "planner_version": planner_version(),
         "created_utc": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }

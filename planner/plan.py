@@ -136,7 +136,7 @@ def make_plan(workload_path: str | os.PathLike, workload: Workload, profile: Pro
               opts: PlanOptions, progress: Progress | None = None) -> Placement:
     """Plan ``workload``; raises :class:`InfeasibleError` when the algorithm finds no plan."""
     req = pack_request(workload, profile, predictor, opts)
-    inputs = plan_inputs(workload_path, req, opts.algorithm, opts.headroom)
+    inputs = plan_inputs(workload_path, req, opts.algorithm)
     bound = lower_bound(req, opts.bar(profile), opts.jobs)
     groups, confirmation = plan_groups(req, opts, progress)
     if confirmation is not None:

@@ -663,7 +663,7 @@ def pool_placement(workload_path, planner: PoolPlanner, parts: list[tuple[Kind, 
                    singles: list[dict[str, Any]]) -> Placement:
     """A pool plan from each kind's instances and confirmation (the first kind's is ``inputs.confirmation``)."""
     whole = planner.whole_request()
-    inputs = plan_inputs(workload_path, whole, "greedy", planner.opts.headroom)
+    inputs = plan_inputs(workload_path, whole, "greedy")
     records = {k.name: {**kind_record(k), "predictor": planner.predictors[k.name].kind} for k in planner.pool.kinds}
     instances = []
     for kind, insts, confirmation in parts:

@@ -625,7 +625,7 @@ def _placement(previous: Placement, workload_path, req: PackRequest, work: _Repl
     reused = _name_new_instances(previous, [i for i, s in zip(instances, slots) if s.prev is None], work.freed,
                                  restarts_left, work.held_back, id_prefix)
     instances.sort(key=lambda i: _instance_number(i.instance_id))
-    inputs = plan_inputs(workload_path, req, "greedy", 0.0)
+    inputs = plan_inputs(workload_path, req, "greedy")
     if bar is not None:
         inputs["confirmation"] = {**work.judge.run.to_dict(), **bar.to_dict(),
                                   "failing_gpus": sum(not i.ok for i in instances),

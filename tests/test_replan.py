@@ -41,6 +41,26 @@ def test_the_same_workload_changes_nothing(tmp_path):
     assert ch["removed_instances"] == [] and all(not c["load"] and not c["unload"] for c in ch["instances"])
 
 
+def test_a_plan_with_headroom_is_re_planned_with_it_unless_told_otherwise(tmp_path):
+    """The nightly line names no --headroom: the previous plan's holds (the same workload changes nothing), not
+    0, which would empty the GPUs the headroom paid for; --headroom 0 says so and consolidates."""
+    wl = family_workload("zipf", 300, 0)
+    csv, out = tmp_path / "w.csv", tmp_path / "plan.json"
+    write_workload_csv(wl, csv)
+    res = _run("plan", csv, "--headroom", "0.5", "--out", out)
+    assert res.exit_code == 0, res.output
+    gpus = json.loads(out.read_text())["summary"]["gpus"]
+    res = _run("replan", csv, "--previous", out, "--out", tmp_path / "same.json", "--json")
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["inputs"]["headroom"] == 0.5 and doc["summary"]["gpus"] == gpus
+    assert doc["changes"]["moved_adapters"] == [] and doc["changes"]["new_instances"] == []
+    res = _run("replan", csv, "--previous", out, "--out", tmp_path / "none.json", "--json", "--headroom", "0")
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["inputs"]["headroom"] == 0 and doc["summary"]["gpus"] < gpus and doc["changes"]["moved_adapters"]
+
+
 def test_the_same_workload_with_a_hot_adapter_in_thirds_changes_nothing(tmp_path):
     """Three replicas of a third are written as 0.333333 each: read back they serve the adapter in full, not
     leave a 0.000001 share to place on a fourth GPU."""
