@@ -70,8 +70,9 @@ def replan_pool(previous: Placement, workload_path, workload: Workload, opts: Pl
                 raise InfeasibleError(
                     f"kind {kind.name} is at its count ({_gpus(kind.spec.count)}) and has no room for "
                     f"{listed(stuck)} with this traffic, and no other kind of the pool serves "
-                    f"{'it' if len(stuck) == 1 else 'them'} with room left: plan afresh with "
-                    "`planner plan --pool` over a pool with more GPUs") from None
+                    f"{'it' if len(stuck) == 1 else 'them'} with room left; a re-plan keeps adapters on their "
+                    "kinds: `planner plan --pool` chooses every adapter's kind again (more moves), or raise the "
+                    "counts") from None
             for i, a, o in zip(at, ids, open_kinds):
                 kind_of[i] = o[0]
                 spilled[a] = f"kind {kind.name} is at its count ({_gpus(kind.spec.count)}) and has no room for it"

@@ -211,7 +211,7 @@ def test_replan_moves_what_a_kind_at_its_count_has_no_room_for_to_the_next_kind(
     res = CliRunner().invoke(main, ["replan", str(night), "--previous", str(tmp_path / "one.json"),
                                     "--out", str(tmp_path / "re1.json")])
     assert res.exit_code == 3 and "kind a is at its count (1 GPU) and has no room for" in res.output, res.output
-    assert "plan afresh with `planner plan --pool`" in res.output and "--gpus" not in res.output
+    assert "`planner plan --pool` chooses every adapter's kind again" in res.output and "--gpus" not in res.output
     assert not (tmp_path / "re1.json").exists()
 
 
