@@ -5,7 +5,8 @@ another); a new adapter, or one its kind can no longer serve, goes to the kind t
 tokens at the lowest price (price per hour of its GPUs over the tokens they serve), else to the cheapest kind
 that can serve it. Where a kind at its ``count`` has no room for adapters with the new traffic, those go to the
 next kind in that order that serves them, and the kinds are re-planned again (a move the SLO forces, made
-whatever the churn budget). The churn budget is spent kind by kind in the pool's order; ``--gpu-tolerance``
+whatever the churn budget); the GPUs of a kind with a cheaper kind of the same profile that has a count are
+emptied into that one where it holds them within its count and that costs less (within the churn budget). The churn budget is spent kind by kind in the pool's order; ``--gpu-tolerance``
 holds per kind. Which kinds to use is chosen again by a fresh ``planner plan --pool``, not by a re-plan.
 """
 
@@ -52,10 +53,14 @@ def replan_pool(previous: Placement, workload_path, workload: Workload, opts: Pl
     index = {a.adapter_id: i for i, a in enumerate(workload.adapters)}
     closed = np.zeros((len(pool.kinds), len(workload)), bool)  # kinds found with no room for an adapter
     spilled: dict[str, str] = {}
+
+    def run(kinds: np.ndarray, why: dict[str, str]) -> Placement:
+        return _replan_kinds(previous, workload_path, planner, kinds, why, opts, bar_for, split_hot, budget, progress)
+
     while True:
         try:
-            return _replan_kinds(previous, workload_path, planner, kind_of, spilled, opts, bar_for, split_hot,
-                                 budget, progress)
+            return _back_to_cheaper(run(kind_of, spilled), kind_of, spilled, planner, order, index, budget, run,
+                                    progress)
         except _KindFull as full:
             j, kind = full.kind, pool.kinds[full.kind]
             ids = full.error.adapter_ids
@@ -80,6 +85,43 @@ def replan_pool(previous: Placement, workload_path, workload: Workload, opts: Pl
                 progress(f"kind {kind.name}: at its count of {_gpus(kind.spec.count)} with no room for "
                          f"{listed(list(ids))}: moving {'it' if len(ids) == 1 else 'them'} to the next kind "
                          "and re-planning the kinds again")
+
+
+def _back_to_cheaper(result: Placement, kind_of: np.ndarray, why: dict[str, str], planner: PoolPlanner,
+                     order: list[int], index: dict[str, int], budget: ChurnBudget,
+                     run: Callable[[np.ndarray, dict[str, str]], Placement],
+                     progress: Progress | None) -> Placement:
+    """``result`` with the GPUs of a kind emptied into a cheaper kind of the same profile that has a count (an
+    adapter spilled there on a busy night comes back when it quietens): all of them, else the least loaded one,
+    within ``budget``'s moves, where the kinds re-planned with those adapters there (``run``) hold them within
+    the count and cost less; else ``result``."""
+    pool = planner.pool
+    cost = result.summary()["cost_per_hour"]
+    for c in order:
+        cheap = pool.kinds[c]
+        dear = {k.name for k in pool.kinds
+                if k.price > cheap.price and k.profile.profile_id == cheap.profile.profile_id}
+        gpus = sorted((i for i in result.instances if i.kind in dear), key=lambda i: i.arriving_tok_s)
+        if cheap.spec.count is None or not gpus:
+            continue  # an unlimited cheaper kind of the same profile is never left for a dearer one
+        moves = None if budget.max_moves is None else budget.max_moves - len(result.changes["moved_adapters"])
+        for take in sorted({len(gpus), 1}, reverse=True):
+            moving = sorted({a for inst in gpus[:take] for a in inst.adapters})
+            if moves is not None and len(moving) > moves:
+                continue
+            trial = kind_of.copy()
+            trial[[index[a] for a in moving]] = c
+            if progress:
+                progress(f"kind {cheap.name}: trying the adapters of {_gpus(take)} of {', '.join(sorted(dear))} "
+                         "there (cheaper, the same profile)")
+            try:
+                back = run(trial, {**why, **{a: f"back to kind {cheap.name}: cheaper, with room under its count"
+                                             for a in moving}})
+            except _KindFull:
+                continue
+            if back.summary()["cost_per_hour"] < cost - 1e-9:
+                return back
+    return result
 
 
 class _KindFull(Exception):

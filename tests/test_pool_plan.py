@@ -184,10 +184,11 @@ def _two_h100_kinds(path, a_count: int, b_count: int | None = None) -> str:
     return str(path)
 
 
-def test_replan_moves_what_a_kind_at_its_count_has_no_room_for_to_the_next_kind(tmp_path):
+def test_replan_moves_what_a_kind_at_its_count_has_no_room_for_to_the_next_kind_and_back(tmp_path):
     """The cheaper kind's one GPU, at its count, falls short with tonight's traffic: the adapters it has no room
-    for go to the next kind (a forced move, with its reason), every GPU passes; where no kind has room the re-plan
-    is refused naming the kind's count and what to do, not --gpus (which a pool re-plan refuses)."""
+    for go to the next kind (a forced move, with its reason), every GPU passes; a quiet night brings them back to
+    the cheaper kind of the same profile (within --max-moves); where no kind has room the re-plan is refused
+    naming the kind's count and what to do, not --gpus (which a pool re-plan refuses)."""
     wl = tmp_path / "w.csv"
     wl.write_text("adapter_id,rank,rate_rps\n" + "".join(f"a{k},{[8, 16][k % 2]},0.5\n" for k in range(8)))
     res = plan(wl, "--pool", _two_h100_kinds(tmp_path / "pool.yaml", 1), "--out", tmp_path / "plan.json")
@@ -205,6 +206,16 @@ def test_replan_moves_what_a_kind_at_its_count_has_no_room_for_to_the_next_kind(
     spilled = [m for m in re.changes["moves"] if "kind a is at its count (1 GPU)" in m["reason"]]
     assert spilled and all(m["to"][0].startswith("b-gpu-") for m in spilled)
     assert "at its count of 1 GPU with no room for" in res.output
+    res = CliRunner().invoke(main, ["replan", str(wl), "--previous", str(tmp_path / "re.json"),
+                                    "--out", str(tmp_path / "quiet.json")])  # a quiet night: back where it is cheaper
+    assert res.exit_code == 0, res.output
+    quiet = read_placement(tmp_path / "quiet.json")
+    assert quiet.summary()["all_ok"] and quiet.summary()["gpus_by_kind"] == {"a": 1, "b": 0}
+    assert {m["adapter_id"] for m in quiet.changes["moves"]} == {m["adapter_id"] for m in spilled}
+    assert all(m["reason"] == "back to kind a: cheaper, with room under its count" for m in quiet.changes["moves"])
+    res = CliRunner().invoke(main, ["replan", str(wl), "--previous", str(tmp_path / "re.json"),
+                                    "--out", str(tmp_path / "held.json"), "--max-moves", "0"])
+    assert res.exit_code == 0 and read_placement(tmp_path / "held.json").summary()["gpus_by_kind"]["b"] >= 1
     (tmp_path / "one.yaml").write_text(f"kinds: [{{name: a, profile: {H100}, price_per_hour: 1, count: 1}}]")
     res = plan(wl, "--pool", tmp_path / "one.yaml", "--out", tmp_path / "one.json")
     assert res.exit_code == 0, res.output

@@ -13,9 +13,12 @@ night's workload.
 Targets (issue "Nightly re-plan"): every night exits 0; GPUs <= fresh + 1 every night and = fresh on
 >= 90 % of nights; moves <= materially changed adapters + 5 % of all; 0 GPUs failing the evaluation.
 
+With ``--pool FILE`` night 0 is ``planner plan --pool FILE`` and the nights re-plan that pool plan; a night's row
+adds its cost per hour, GPUs per kind, and the adapters moved off a kind at its ``count`` (``spilled``).
+
     python -m benchmarks.placement.nightly [--sizes 2000,10000] [--seeds 0,1,2] [--families log-uniform,zipf]
-        [--nights 30] [--max-moves 5%] [--tail-factor F] [--keep DIR]   # as `planner replan` takes them;
-        # --keep: each night's workload and plan, to study its GPUs afterwards
+        [--nights 30] [--max-moves 5%] [--tail-factor F] [--keep DIR] [--pool FILE]  # as `planner replan`
+        # takes them; --keep: each night's workload and plan, to study its GPUs afterwards
         # -> artifacts/benchmarks/nightly.json
 """
 
@@ -30,6 +33,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 from benchmarks.fidelity.knee_rules import keep_night
 from benchmarks.record import result_path, write_result
@@ -49,8 +53,9 @@ def run(args: list[str]) -> tuple[int, float, str, str]:
 
 
 def fleet(family: str, n: int, seed: int, nights: int, threshold: float, work: Path, profile: str,
-          max_moves: str | None, keep: Path | None = None, tail_factor: str | None = None):
-    """Each night's row, as the night ends; with ``keep``, each night's workload and plan are copied there."""
+          max_moves: str | None, keep: Path | None = None, tail_factor: str | None = None, pool: Path | None = None):
+    """Each night's row, as the night ends; with ``keep``, each night's workload and plan are copied there; with
+    ``pool``, night 0 is planned over that pool instead of ``profile``."""
     plan = work / "plan.json"
     tail = [] if tail_factor is None else ["--tail-factor", tail_factor]
     before: dict[str, float] = {}
@@ -59,7 +64,8 @@ def fleet(family: str, n: int, seed: int, nights: int, threshold: float, work: P
         write_workload_csv(wl, csv)
         rates = {a.adapter_id: a.rate_rps for a in wl.adapters}
         if night == 0:
-            rc, wall, _, err = run(["plan", str(csv), "--profile", profile, "--out", str(plan), *tail])
+            on = ["--profile", profile] if pool is None else ["--pool", str(pool)]
+            rc, wall, _, err = run(["plan", str(csv), *on, "--out", str(plan), *tail])
             row = {"night": 0, "exit": rc, "wall_s": round(wall, 2)}
         else:
             cap = [*tail, *([] if max_moves is None else ["--max-moves", max_moves])]
@@ -72,6 +78,10 @@ def fleet(family: str, n: int, seed: int, nights: int, threshold: float, work: P
                 row.update(gpus=doc["summary"]["gpus"], fresh_gpus=ch["fresh_plan_gpus"], moved=len(ch["moved_adapters"]),
                            restarts=len(ch["restarts"]), added=len(ch["added_adapters"]),
                            dropped=len(ch["dropped_adapters"]))
+                if pool is not None:
+                    row.update(cost_per_hour=doc["summary"]["cost_per_hour"],
+                               gpus_by_kind=doc["summary"]["gpus_by_kind"],
+                               spilled=sum("is at its count" in m["reason"] for m in ch["moves"]))
         if rc != 0:
             row["error"] = err.strip().splitlines()[-1] if err.strip() else ""
         else:
@@ -104,6 +114,8 @@ def summary(rows: list[dict], n: int) -> dict:
         "moves_total": sum(r["moved"] for r in ok), "restarts_total": sum(r["restarts"] for r in ok),
         "evaluate_failing_gpus": sum(r.get("evaluate_failing", 0) for r in rows),
         "replan_wall_s_max": max((r["wall_s"] for r in later), default=None),
+        **({"spilled_total": sum(r["spilled"] for r in ok), "nights_spilling": sum(r["spilled"] > 0 for r in ok)}
+           if ok and "spilled" in ok[0] else {}),
     }
 
 
@@ -120,7 +132,10 @@ def main() -> None:
     ap.add_argument("--tail-factor", default=None, help="plan and replan --tail-factor (0: judge without the bound)")
     ap.add_argument("--keep", type=Path, default=None,
                     help="copy each night's workload and plan under KEEP/<adapters>-<family>-<seed>/")
+    ap.add_argument("--pool", type=Path, default=None, help="plan night 0 over this pool file instead of --profile")
     args = ap.parse_args()
+    pool = None if args.pool is None else args.pool.resolve()
+    pool_kinds = None if pool is None else yaml.safe_load(pool.read_text())["kinds"]
     fleets = []
     for n in (int(x) for x in args.sizes.split(",")):
         for family in args.families.split(","):
@@ -130,11 +145,13 @@ def main() -> None:
                 with tempfile.TemporaryDirectory(prefix="nightly-") as tmp:
                     keep = None if args.keep is None else args.keep / f"{n}-{family}-{seed}"
                     for row in fleet(family, n, seed, args.nights, args.material, Path(tmp), args.profile,
-                                     args.max_moves, keep, args.tail_factor):
+                                     args.max_moves, keep, args.tail_factor, pool):
                         rows.append(row)
                         fleets[-1]["summary"] = summary(rows, n)
                         # written after every night: an interrupted run keeps the nights done
-                        write_result(args.out, {"benchmark": "nightly", "profile": args.profile,
+                        write_result(args.out, {"benchmark": "nightly",
+                                                **({"profile": args.profile} if pool is None else
+                                                   {"pool": str(args.pool), "pool_kinds": pool_kinds}),
                                                 "max_moves": args.max_moves, "material_change": args.material,
                                                 "tail_factor": args.tail_factor,
                                                 "fleets": fleets})
