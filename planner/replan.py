@@ -66,6 +66,7 @@ from planner.placement import (
     engine_settings,
     plan_inputs,
 )
+from planner.plan import UNLIMITED_GPUS
 from planner.verdict import DEFAULT_BAR, DEFAULT_RUN, ServiceBar, TwinRun
 from twin.atomic import file_kind, output_path
 from twin.errors import BadInputError, InfeasibleError, LoraPlannerError, printable
@@ -592,7 +593,9 @@ def replan(previous: Placement, workload_path, req: PackRequest, split_hot: bool
                               f"profile's memory or their adapters' ranks), more than --max-restarts "
                               f"{budget.max_restarts}; the previous plan is left as it was")
     work.repair()
-    fresh, fresh_rows = work.packed(None, req.max_gpus)
+    # a yardstick: the GPUs allowed (--gpus, a pool kind's count) bound the re-plan, not it (a fresh packing can
+    # take more than a plan that was packed otherwise, e.g. as part of a pool plan; it then saves no GPU)
+    fresh, fresh_rows = work.packed(None, UNLIMITED_GPUS)
     work.consolidate(fresh, fresh_rows)
     excess = len(work.slots) - len(fresh) - budget.gpu_tolerance
     if excess > 0:

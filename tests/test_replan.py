@@ -61,6 +61,31 @@ def test_a_plan_with_headroom_is_re_planned_with_it_unless_told_otherwise(tmp_pa
     assert doc["inputs"]["headroom"] == 0 and doc["summary"]["gpus"] < gpus and doc["changes"]["moved_adapters"]
 
 
+def test_the_fresh_plan_a_re_plan_measures_itself_by_is_not_bound_by_the_gpus_allowed(tmp_path, monkeypatch):
+    """A pool plan packs a kind's share otherwise than a fresh greedy plan of it, which can take more GPUs than
+    the kind's count (2,000 adapters over 30 reserved GPUs: 31); that yardstick then saves no GPU, and must not
+    fail the re-plan of the same workload (it did: exit 3, not enough GPUs), nor a plan within --gpus."""
+    import planner.replan
+    from planner.packing import not_enough_gpus
+
+    packed = planner.replan._Replan.packed
+
+    def fresh_needs_one_more(self, entries, max_gpus):
+        groups, rows = packed(self, entries, max_gpus)
+        if entries is None and len(groups) >= max_gpus:
+            raise not_enough_gpus(self.req, [0], max_gpus)
+        return groups + groups[:1], rows + rows[:1]
+
+    monkeypatch.setattr(planner.replan._Replan, "packed", fresh_needs_one_more)
+    csv, plan = _plan(tmp_path, family_workload("zipf", 300, 0))
+    gpus = json.loads(plan.read_text())["summary"]["gpus"]
+    res = _run("replan", csv, "--previous", plan, "--out", tmp_path / "same.json", "--json", "--gpus", gpus)
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["changes"]["moved_adapters"] == [] and doc["summary"]["gpus"] == gpus
+    assert doc["changes"]["fresh_plan_gpus"] == gpus + 1
+
+
 def test_the_same_workload_with_a_hot_adapter_in_thirds_changes_nothing(tmp_path):
     """Three replicas of a third are written as 0.333333 each: read back they serve the adapter in full, not
     leave a 0.000001 share to place on a fourth GPU."""
