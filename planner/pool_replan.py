@@ -6,7 +6,8 @@ tokens at the lowest price (price per hour of its GPUs over the tokens they serv
 that can serve it. Where a kind at its ``count`` has no room for adapters with the new traffic, those go to the
 next kind in that order that serves them, and the kinds are re-planned again (a move the SLO forces, made
 whatever the churn budget); the GPUs of a kind with a cheaper kind of the same profile that has a count are
-emptied into that one where it holds them within its count and that costs less (within the churn budget). The
+emptied into that one where it holds them within its count and that costs less (within the churn budget; up to
+:data:`BACK_ROUNDS` times). The
 churn budget is spent kind by kind in the pool's order; ``--gpu-tolerance`` holds per kind. Which kinds to use
 is chosen again by a fresh ``planner plan --pool``, not by a re-plan.
 """
@@ -60,8 +61,13 @@ def replan_pool(previous: Placement, workload_path, workload: Workload, opts: Pl
 
     while True:
         try:
-            return _back_to_cheaper(run(kind_of, spilled), kind_of, spilled, planner, order, index, budget, run,
-                                    progress)
+            result, why = run(kind_of, spilled), spilled
+            for _ in range(BACK_ROUNDS):
+                back = _back_to_cheaper(result, kind_of, why, planner, order, index, budget, run, progress)
+                if back is None:
+                    break
+                result, kind_of, why = back
+            return result
         except _KindFull as full:
             j, kind = full.kind, pool.kinds[full.kind]
             ids = full.error.adapter_ids
@@ -91,11 +97,12 @@ def replan_pool(previous: Placement, workload_path, workload: Workload, opts: Pl
 def _back_to_cheaper(result: Placement, kind_of: np.ndarray, why: dict[str, str], planner: PoolPlanner,
                      order: list[int], index: dict[str, int], budget: ChurnBudget,
                      run: Callable[[np.ndarray, dict[str, str]], Placement],
-                     progress: Progress | None) -> Placement:
-    """``result`` with the GPUs of a kind emptied into a cheaper kind of the same profile that has a count (an
-    adapter spilled there on a busy night comes back when it quietens): all of them, else the least loaded one,
-    within ``budget``'s moves, where the kinds re-planned with those adapters there (``run``) hold them within
-    the count and cost less; else ``result``."""
+                     progress: Progress | None) -> tuple[Placement, np.ndarray, dict[str, str]] | None:
+    """``result`` (re-planned with ``kind_of``, moves ``why``) with the GPUs of a kind emptied into a cheaper kind
+    of the same profile that has a count (an adapter spilled there on a busy night comes back when it quietens):
+    all of them, else half, else the least loaded one, within ``budget``'s moves, where the kinds re-planned with
+    those adapters there (``run``) hold them within the count and cost less; with its kinds and moves. None where
+    none does."""
     pool = planner.pool
     cost = result.summary()["cost_per_hour"]
     for c in order:
@@ -106,7 +113,7 @@ def _back_to_cheaper(result: Placement, kind_of: np.ndarray, why: dict[str, str]
         if cheap.spec.count is None or not gpus:
             continue  # an unlimited cheaper kind of the same profile is never left for a dearer one
         moves = None if budget.max_moves is None else budget.max_moves - len(result.changes["moved_adapters"])
-        for take in sorted({len(gpus), 1}, reverse=True):
+        for take in sorted({len(gpus), len(gpus) // 2, 1} - {0}, reverse=True):
             moving = sorted({a for inst in gpus[:take] for a in inst.adapters})
             if moves is not None and len(moving) > moves:
                 continue
@@ -115,14 +122,18 @@ def _back_to_cheaper(result: Placement, kind_of: np.ndarray, why: dict[str, str]
             if progress:
                 progress(f"kind {cheap.name}: trying the adapters of {_gpus(take)} of {', '.join(sorted(dear))} "
                          "there (cheaper, the same profile)")
+            moved = {**why, **{a: f"back to kind {cheap.name}: cheaper, with room under its count" for a in moving}}
             try:
-                back = run(trial, {**why, **{a: f"back to kind {cheap.name}: cheaper, with room under its count"
-                                             for a in moving}})
+                back = run(trial, moved)
             except _KindFull:
                 continue
             if back.summary()["cost_per_hour"] < cost - 1e-9:
-                return back
-    return result
+                return back, trial, moved
+    return None
+
+
+#: Times a re-plan empties dearer GPUs into a cheaper kind of the same profile, each from the last one's result.
+BACK_ROUNDS = 4
 
 
 class _KindFull(Exception):
