@@ -7,9 +7,8 @@ that can serve it. Where a kind at its ``count`` has no room for adapters with t
 next kind in that order that serves them, and the kinds are re-planned again (a move the SLO forces, made
 whatever the churn budget); the GPUs of a kind with a cheaper kind of the same profile that has a count are
 emptied into that one where it holds them within its count and that costs less (within the churn budget; up to
-:data:`BACK_ROUNDS` times). The
-churn budget is spent kind by kind in the pool's order; ``--gpu-tolerance`` holds per kind. Which kinds to use
-is chosen again by a fresh ``planner plan --pool``, not by a re-plan.
+:data:`BACK_ROUNDS` times). The churn budget is spent kind by kind in the pool's order; ``--gpu-tolerance`` holds
+per kind. Which kinds to use is chosen again by a fresh ``planner plan --pool``, not by a re-plan.
 """
 
 from __future__ import annotations
