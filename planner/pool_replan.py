@@ -32,6 +32,9 @@ from twin.errors import InfeasibleError
 from twin.profile import Profile, load_profile
 from twin.workload import Workload
 
+#: Times a re-plan empties dearer GPUs into a cheaper kind of the same profile, each from the last one's result.
+BACK_ROUNDS = 4
+
 
 def recorded_pool(previous: Placement) -> Pool:
     """The pool a plan was made over, as it recorded it (kinds, profiles, prices, counts, node selectors)."""
@@ -129,10 +132,6 @@ def _back_to_cheaper(result: Placement, kind_of: np.ndarray, why: dict[str, str]
             if back.summary()["cost_per_hour"] < cost - 1e-9:
                 return back, trial, moved
     return None
-
-
-#: Times a re-plan empties dearer GPUs into a cheaper kind of the same profile, each from the last one's result.
-BACK_ROUNDS = 4
 
 
 class _KindFull(Exception):
