@@ -70,9 +70,11 @@ def test_the_fresh_plan_a_re_plan_measures_itself_by_is_not_bound_by_the_gpus_al
 
     packed = planner.replan._Replan.packed
 
-    def fresh_needs_one_more(self, entries, max_gpus):
+    def fresh_needs_one_more(self, entries, max_gpus):  # entries None: the fresh plan of the day
         groups, rows = packed(self, entries, max_gpus)
-        if entries is None and len(groups) >= max_gpus:
+        if entries is not None:
+            return groups, rows
+        if len(groups) >= max_gpus:
             raise not_enough_gpus(self.req, [0], max_gpus)
         return groups + groups[:1], rows + rows[:1]
 
