@@ -157,8 +157,9 @@ def plan_on_pool(workload, pool_file, profile_id, gpus, predictor_kind, policy, 
         raise BadInputError(f"--pool names the kinds, their profiles and counts: drop {', '.join(clash)} "
                             "(stock vLLM serves every kind of a pool plan)")
     pool = read_pool(pool_file)
-    if pool.other_models():
-        say(f"note: {pool.other_models()}")
+    other_models = pool.other_models()
+    if other_models:
+        say(f"note: {other_models}")
     profile = pool.reference.profile
     launch_model("json" if as_json else fmt, model, profile.model)  # refused before any work
     wl = read_workload(workload)  # each kind serves the adapters its profile can
