@@ -84,9 +84,10 @@ def policy_from_cli(name: str | None, params: tuple[str, ...], recorded: dict | 
     return policy_from_name(name, **overrides) if name is not None else policy_from_record(recorded, **overrides)
 
 
-def slo_options(fn):
+def slo_options(fn, again: bool = False):
     """``--objective``, ``--max-ttft``, ``--max-tpot``, ``--min-served`` and ``--slowdown``: the bar every GPU is
-    judged by in the twin (planner.verdict); :func:`slo_settings` reads them."""
+    judged by in the twin (planner.verdict); :func:`slo_settings` reads them. ``again``: a command that judges a plan
+    made before (replan, evaluate), whose objective is the plan's unless given."""
     fn = click.option("--slowdown", type=FiniteFloat(1.0, 10.0), default=None, metavar="FACTOR",
                       help="Judge every GPU on a twin this many times slower than the profile; 1 judges on the "
                            "profile as it is. [the profile's safety margins, sized from real runs (`planner "
@@ -104,14 +105,21 @@ def slo_options(fn):
                       metavar="SECONDS",
                       help="The SLO's p99 time to first token in the twin, over every arrival [2 s with --objective "
                            "slo]; a workload's max_ttft_s column tightens it per adapter.")(fn)
-    return click.option("--objective", type=click.Choice(["slo", "throughput"]), default="slo", show_default=True,
+    return click.option("--objective", type=click.Choice(["slo", "throughput"]), default=None,
                         help="slo: every GPU meets a latency SLO (p99 TTFT <= 2 s, p99 TPOT <= 200 ms, as MLPerf's "
                              "interactive LLM server bound) and serves its traffic; throughput: the paper's rule "
-                             "alone (serve >= 0.9 of the tokens, here 0.95 for the arrival seed), queues allowed.")(fn)
+                             "alone (serve >= 0.9 of the tokens, here 0.95 for the arrival seed), queues allowed. "
+                             + ("[the plan's]" if again else "[slo]"))(fn)
 
 
-def confirm_options(fn):
-    """:func:`slo_options` plus ``--confirm/--no-confirm`` and ``--jobs`` (planner.confirm)."""
+def judged_again(fn):
+    """:func:`slo_options` of a command that judges a plan made before."""
+    return slo_options(fn, again=True)
+
+
+def confirm_options(fn, again: bool = False):
+    """:func:`slo_options` (``again``: of a plan made before) plus ``--confirm/--no-confirm`` and ``--jobs``
+    (planner.confirm)."""
     fn = click.option("--jobs", type=click.IntRange(min=1), default=None,
                       help="Processes simulating GPUs in the twin [CPU cores].")(fn)
     fn = click.option("--tail-factor", "tail_factor", type=FiniteFloat(min=0), default=None, metavar="FACTOR",
@@ -122,16 +130,21 @@ def confirm_options(fn):
                       help="Judge a GPU whose request sizes vary more than the profile's default lengths with a "
                            "larger margin than 5 % more traffic, in proportion (a queue's wait grows with that "
                            "variation; docs/planning.md).")(fn)
-    fn = slo_options(fn)
+    fn = slo_options(fn, again)
     return click.option("--confirm/--no-confirm", default=True, show_default=True,
                         help="Judge every planned GPU in the twin (the run `planner evaluate` makes) and, for greedy, "
                              "pack again where one falls short; --no-confirm trusts the predictor alone.")(fn)
 
 
-def slo_settings(objective: str, max_ttft: float | None, max_tpot: float | None, min_served: float | None,
+def replan_options(fn):
+    """:func:`confirm_options` of ``planner replan``, which judges the plan it is given again."""
+    return confirm_options(fn, again=True)
+
+
+def slo_settings(objective: str | None, max_ttft: float | None, max_tpot: float | None, min_served: float | None,
                  slowdown: float | None) -> dict:
     """The :class:`planner.plan.PlanOptions` fields of :func:`slo_options`."""
-    return {"objective": objective, "max_ttft_s": max_ttft, "max_tpot_ms": max_tpot, "min_served": min_served,
+    return {"objective": objective or "slo", "max_ttft_s": max_ttft, "max_tpot_ms": max_tpot, "min_served": min_served,
             "slowdown": slowdown}
 
 

@@ -41,7 +41,8 @@ def _command_line() -> str:
 @click.option("--shape", default="tiny", show_default=True,
               help="Model shape: tiny, llama-3.1-8b, or a config.json / model directory to copy the shape of.")
 @click.option("--config-only", is_flag=True,
-              help="Write config.json + tokenizer only (serve with --load-format dummy).")
+              help="Write the model's config.json and tokenizer without weights (serve with --load-format "
+                   "dummy); adapters are still written (--adapters-per-rank 0: none).")
 @click.option("--adapter-ranks", default="8,16", show_default=True, help="Comma-separated ranks of the adapters.")
 @click.option("--adapters-per-rank", type=click.IntRange(min=0), default=1, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)

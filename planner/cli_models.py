@@ -39,7 +39,8 @@ def dataset() -> None:
 @dataset.command("build", epilog=EPILOG_BUILD)
 @click.option("--profile", "profile_id", required=True, help="Profile id or JSON path.")
 @click.option("--grid", default="paper", show_default=True,
-              help="'paper' (the study's 79,200 scenarios), 'small' (300, for CI) or a grid JSON file.")
+              help="'paper' (the study's 79,200 scenarios), 'small' (300, for CI), 'fleet' (12,000 scenarios, "
+                   "GPUs of random fleets: docs/surrogates.md) or a grid JSON file.")
 @click.option("--out", type=click.Path(dir_okay=False), required=True, help="Output parquet file.")
 @click.option("--duration", type=FiniteFloat(min=0, min_open=True), default=None,
               help="Simulated seconds per scenario [grid's: paper 3600, small 600].")

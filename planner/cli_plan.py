@@ -11,12 +11,13 @@ from planner.cli_common import (
     FiniteFloat,
     confirm_options,
     jobs_or_cores,
+    judged_again,
     placement_view,
     policy_from_cli,
     policy_options,
     print_json,
     render_options,
-    slo_options,
+    replan_options,
     slo_settings,
     tail_setting,
     user_errors,
@@ -53,8 +54,11 @@ Examples:
 def load_predictor_for(profile, kind: str, policy=None):
     """``auto``: the trained surrogate of the profile and serving policy when one ships, else the twin
     (slow, exact), said on stderr."""
-    from models.predictor import default_predictor, load_predictor
+    from models.predictor import default_predictor, load_predictor, predictor_names
+    from twin import BadInputError
 
+    if kind not in ("auto", *predictor_names()):
+        raise BadInputError(f"unknown predictor '{kind}'; choose one of {', '.join(('auto', *predictor_names()))}")
     if kind != "auto":
         return load_predictor(profile, kind, policy)
     predictor = default_predictor(profile, policy)
@@ -130,6 +134,8 @@ def plan(workload, profile_id, pool_file, gpus, algorithm, predictor_kind, polic
     profile = load_profile(profile_id or DEFAULT_PROFILE_ID)
     launch_model("json" if as_json else fmt, model, profile.model)  # refused before any work
     wl = read_workload(workload, profile)
+    if profile.plan_grade_note():
+        say(f"note: {profile.plan_grade_note()}")
     predictor = load_predictor_for(profile, predictor_kind, policy_from_cli(policy, policy_params))
     t0 = time.perf_counter()
     try:
@@ -151,15 +157,20 @@ def plan_on_pool(workload, pool_file, profile_id, gpus, predictor_kind, policy, 
     from planner.workload_csv import read_workload
     from twin import BadInputError
 
+    why = {"--profile": "each kind names its profile", "--gpus": "each kind's count says how many of it there are",
+           "--policy": "stock vLLM serves every kind of a pool plan"}
     clash = [o for o, v in (("--profile", profile_id), ("--gpus", gpus), ("--policy", policy != "vllm" or None))
              if v is not None]
     if clash:
-        raise BadInputError(f"--pool names the kinds, their profiles and counts: drop {', '.join(clash)} "
-                            "(stock vLLM serves every kind of a pool plan)")
+        raise BadInputError(f"--pool names the GPU kinds: drop {', '.join(clash)} ("
+                            + "; ".join(why[o] for o in clash) + ")")
     pool = read_pool(pool_file)
     other_models = pool.other_models()
     if other_models:
         say(f"note: {other_models}")
+    for kind in pool.kinds:
+        if kind.profile.plan_grade_note():
+            say(f"note: kind {kind.name}: {kind.profile.plan_grade_note()}")
     profile = pool.reference.profile
     launch_model("json" if as_json else fmt, model, profile.model)  # refused before any work
     wl = read_workload(workload)  # each kind serves the adapters its profile can
@@ -227,7 +238,7 @@ def gpus_needed(workload, wl, profile, predictor, opts) -> str:
                    "seed: 1, the traffic itself, once].")
 @click.option("--arrivals", type=click.Choice(["poisson", "unpredictable"]), default="poisson", show_default=True)
 @policy_options(default=None, default_help="; default: the one the plan was made for")
-@slo_options
+@judged_again
 @click.option("--jobs", type=click.IntRange(min=1), default=None, help="Processes simulating GPUs [CPU cores].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @user_errors
@@ -243,6 +254,7 @@ def evaluate(placement_file, workload, profile_id, duration, seed, load, arrival
     --policy says otherwise; --policy-param alone overrides parameters of the recorded one.
     """
     from planner.evaluate import evaluate_placement, evaluate_pool, judging_run, plan_bar
+    from planner.packing import listed
     from planner.placement import read_placement
     from planner.verdict import tightened_words
     from planner.workload_csv import read_workload
@@ -256,11 +268,10 @@ def evaluate(placement_file, workload, profile_id, duration, seed, load, arrival
                             "drop --profile")
     profile = None if pool else load_profile(profile_id or placement.inputs.get("profile_id"))
     wl = read_workload(workload, profile)
-    objective_given = click.get_current_context().get_parameter_source("objective").name != "DEFAULT"
 
     def judge(part, prof):
         """The bar and run ``part`` is judged by on ``prof``: its plan's, with the options given replacing theirs."""
-        return (plan_bar(part, prof, objective=objective if objective_given else None, min_served=min_served,
+        return (plan_bar(part, prof, objective=objective, min_served=min_served,
                          max_ttft_s=max_ttft, max_tpot_ms=max_tpot, slowdown=slowdown),
                 judging_run(part, seed, load, duration_s=duration, jobs=jobs_or_cores(jobs),
                             arrivals=UnpredictableArrivals() if arrivals == "unpredictable" else None))
@@ -297,7 +308,10 @@ def evaluate(placement_file, workload, profile_id, duration, seed, load, arrival
             click.echo(f"{gpu}: serves {f['served']:.1%} of {i.arriving_tok_s:,.0f} tok/s, p99 TTFT "
                        f"{_seconds(f['ttft_ms_p99'])}, p99 TPOT {_millis(f['tpot_ms_p99'])}: {state}")
         if ev.unplaced:
-            click.echo(f"not placed: {', '.join(ev.unplaced[:10])}" + (" ..." if len(ev.unplaced) > 10 else ""))
+            click.echo(f"not placed: {listed(ev.unplaced)}")
+        if ev.missing:
+            click.echo(f"not in {workload}: {len(ev.missing)} of the plan's adapters, judged with no traffic: "
+                       f"{listed(ev.missing)}")
         n_bad = sum(not i.ok for i in ev.instances)
         click.echo(f"{len(ev.instances) - n_bad} of {len(ev.instances)} GPU(s) pass" +
                    (f"; {len(ev.unplaced)} adapter(s) not placed" if ev.unplaced else ""))
@@ -310,7 +324,7 @@ def _judging_words(bar, run, seed: int) -> str:
     from planner.verdict import bounds_words
 
     seeds = f"seed {seed}" + ("" if run.second_seed is None else f", then {run.second_seed} if it passes")
-    if run.second_seed is not None and run.third_seed is not None:
+    if run.second_seed is not None and run.third_seed is not None and bar.max_ttft_s is not None:
         seeds += f", then {run.third_seed} if a request waited past the TTFT limit in either"
     seeds += bounds_words(run.tail_factor, run.tpot_factor, bar.max_ttft_s, bar.max_tpot_ms)
     return (f"{bar.describe()} (twin: {run.describe_length()}, {seeds}, "
@@ -358,7 +372,7 @@ holds the lock on --out (nothing was done). On any failure the files are left as
                    "a night whose engines no longer fit the profile as started is refused, the plan kept.")
 @click.option("--gpu-tolerance", type=click.IntRange(min=0), default=0, show_default=True,
               help="GPUs above a fresh plan of the same day accepted without consolidating.")
-@confirm_options
+@replan_options
 @render_options
 @user_errors
 def replan(workload, previous_file, out, profile_id, gpus, predictor_kind, headroom, split_hot, max_moves, max_restarts,
@@ -389,10 +403,9 @@ def replan(workload, previous_file, out, profile_id, gpus, predictor_kind, headr
     with exclusive(real_out):
         previous = read_placement(previous_file)
         headroom = previous.inputs.get("headroom", 0.0) if headroom is None else headroom
-        objective_given = click.get_current_context().get_parameter_source("objective").name != "DEFAULT"
 
         def bar_for(plan, profile):
-            return plan_bar(plan, profile, objective if objective_given else None, min_served, max_ttft, max_tpot,
+            return plan_bar(plan, profile, objective, min_served, max_ttft, max_tpot,
                             slowdown)
 
         if previous.kinds():

@@ -29,7 +29,7 @@ def profiles(as_json: bool) -> None:
       planner profiles --json
     """
     from planner.verdict import few_adapters
-    from twin.profile import DEFAULT_PROFILE_ID, list_profiles
+    from twin.profile import DEFAULT_PROFILE_ID, PLAN_GRADE_RUNS, list_profiles
 
     items = []
     for p in list_profiles():
@@ -42,7 +42,8 @@ def profiles(as_json: bool) -> None:
             "latency_models": ["default", *p.step_latency_variants],
             "safety_margin": {"throughput": p.planning_slowdown("throughput"), "slo": p.planning_slowdown("slo"),
                               "few_adapters": None if few is None else few.to_dict()},
-            "provenance": p.provenance,
+            "provenance": p.provenance, "real_runs": p.planning.get("real_runs"),
+            "plan_grade": p.plan_grade_note() is None,
         })
     if as_json:
         print_json(items)
@@ -58,7 +59,12 @@ def profiles(as_json: bool) -> None:
                       if (few := margin["few_adapters"]) else "")
                    + f", {margin['throughput']:g}x for the served share alone (--objective throughput)")
         click.echo(f"  from: {it['provenance'].get('study') or it['provenance'].get('kind')}")
-        click.echo(f"  rebuild: {it['provenance'].get('command', '-')}\n")
+        runs = "" if it["real_runs"] is None else f" (its safety margin rests on {it['real_runs']} real runs)"
+        click.echo(f"  plan-grade: yes{runs}" if it["plan_grade"] else
+                   f"  plan-grade: no{runs or ' (no real runs)'}: plan-grade from {PLAN_GRADE_RUNS}; treat its plans "
+                   "as estimates")
+        how = "measured with" if it["provenance"].get("kind") == "measured" else "rebuild"  # on the machine measured
+        click.echo(f"  {how}: {it['provenance'].get('command', '-')}\n")
 
 
 @click.command(epilog=EPILOG_SIMULATE)

@@ -60,7 +60,8 @@ def forecast_options(fn):
                       help="The quantile method's quantile of hourly rates (1: the busiest hour).")(fn)
     fn = click.option("--method", type=click.Choice(["auto", "quantile", "seasonal"]), default="auto",
                       show_default=True, help="auto: seasonal (the same hours a week before, times the trend) "
-                                              "when the history spans 8 days, else the quantile of hourly rates.")(fn)
+                                              "when the history spans 8 days, else the quantile of hourly rates; "
+                                              "seasonal on 2 to 8 days: the same hours a day before.")(fn)
     fn = click.option("--for", "horizon", type=click.Choice(["next-day", "next-hour"]), default="next-day",
                       show_default=True, help="The period the plan must hold for: its busiest hour is planned.")(fn)
     return click.option("--out", type=click.Path(dir_okay=False), required=True, help="The workload.csv to write.")(fn)

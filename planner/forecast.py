@@ -99,7 +99,7 @@ def forecast(series: Series, horizon: str = "next-day", method: str = "auto", q:
     period = WEEK if span >= WEEK + DAY else DAY
     if span < period + DAY:
         raise BadInputError(f"the seasonal forecast needs {(period + DAY) / DAY:g} days of log; these span "
-                            f"{span / DAY:.2f} (use --method quantile)")
+                            f"{span / DAY:.2f} days (use --method quantile)")
     return _seasonal(series, horizon, period), "seasonal"
 
 

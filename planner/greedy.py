@@ -111,7 +111,7 @@ def _split_head(req: PackRequest, queue: list[Entry], pos: int, split_hot: bool)
     rate = float(req.rates_rps[i] * share)
     if lo <= 0.0:
         raise InfeasibleError(f"adapter {req.adapter_id(i)} cannot be served by any GPU of profile "
-                              f"{req.profile.profile_id}, even at a tiny share of its traffic")
+                              f"{req.profile.profile_id}, even at a tiny share of its traffic{_own_slo(req, i)}")
     if not split_hot:
         raise InfeasibleError(
             f"adapter {req.adapter_id(i)} is too hot for one GPU: {rate:.3g} req/s arriving, one GPU of "
@@ -138,3 +138,12 @@ def _balanced(search: PrefixSearch, fill: list[Span]) -> list[Span]:
         except InfeasibleError:
             lo = cap
     return best
+
+
+def _own_slo(req: PackRequest, i: int) -> str:
+    """Adapter ``i``'s own latency limits (the workload's max_ttft_s / max_tpot_ms), as the likely cause."""
+    limits = (("max_ttft_s", req.adapter_ttft_s), ("max_tpot_ms", req.adapter_tpot_ms))
+    own = [f"{name} {v[i]:g}" for name, v in limits if v is not None and np.isfinite(v[i])]
+    if not own:
+        return ""
+    return f" within its own {' and '.join(own)} (loosen {'it' if len(own) == 1 else 'them'} in the workload)"

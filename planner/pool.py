@@ -32,6 +32,8 @@ from twin.profile import Profile, load_profile
 
 #: The largest pool file read.
 MAX_POOL_BYTES = 1 << 20
+#: Of a pool file's mistakes, those named in its error.
+MAX_ERRORS_SHOWN = 4
 
 KindName = Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$")]
 #: Kubernetes label keys and values (a prefix with a DNS subdomain, a name of 63 characters at most).
@@ -130,13 +132,22 @@ def read_pool(path: str | os.PathLike) -> Pool:
     try:
         doc = yaml.safe_load(raw)
     except yaml.YAMLError as exc:
-        raise BadInputError(printable(f"{where}: not YAML: {exc}".splitlines()[0])) from None
+        mark = getattr(exc, "problem_mark", None)
+        at = "" if mark is None else f":{mark.line + 1}:{mark.column + 1}"
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise BadInputError(printable(f"{where}{at}: not YAML: {problem}")) from None
+    if not isinstance(doc, dict):
+        raise BadInputError(f"{where}: not a valid pool: {'it is empty' if doc is None else 'not a mapping'}; a pool "
+                            "file lists its GPU kinds under 'kinds:', each with a name, a profile and a price_per_hour "
+                            "(docs/planning.md, \"Pools of GPU kinds\")")
     try:
         spec = PoolFile.model_validate(doc)
     except ValidationError as exc:
-        err = exc.errors(include_url=False)[0]
-        loc = ".".join(str(p) for p in err["loc"]) or "(the document)"
-        raise BadInputError(printable(f"{where}: not a valid pool: {loc}: {err['msg']}")) from None
+        errors = exc.errors(include_url=False)
+        said = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(the document)'}: {e['msg']}"
+                         for e in errors[:MAX_ERRORS_SHOWN])
+        more = f" (and {len(errors) - MAX_ERRORS_SHOWN} more)" if len(errors) > MAX_ERRORS_SHOWN else ""
+        raise BadInputError(printable(f"{where}: not a valid pool: {said}{more}")) from None
     kinds = []
     for k in spec.kinds:
         try:

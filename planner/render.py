@@ -61,7 +61,7 @@ def slo_line(c: dict, margins: dict[str, dict] | None = None) -> str:
             line += " (more where request sizes vary)"
     if c.get("second_seed") is not None:
         line += f", seed {c['seed']} and again {c['second_seed']}"
-        if c.get("third_seed") is not None:
+        if c.get("third_seed") is not None and c.get("max_ttft_s") is not None:  # no TTFT limit: it never runs
             few = c.get("few_adapters") or any(k.get("few_adapters") for k in (margins or {}).values())
             line += (f" (and {c['third_seed']} where a request waited past the TTFT limit in either"
                      + (", on the full margin even for few adapters)" if few else ")"))

@@ -392,8 +392,13 @@ def read_logs(paths, fmt: str = "auto", ranks: Ranks | None = None, start: float
     if fmt not in FORMATS:
         raise BadInputError(f"unknown log format '{fmt}'; choose one of {', '.join(FORMATS)}")
     paths = [Path(p) for p in paths]
+    seen: dict[Path, Path] = {}
     for p in paths:
         check_regular(p, "the log")
+        first = seen.setdefault(p.resolve(), p)
+        if first is not p:
+            raise BadInputError(f"{where(p)}: the log {where(first)} given again; each log is read once (its requests "
+                                "would count twice)")
     reader = _Reader(ranks)
     progress = Progress(paths)
     try:
@@ -412,7 +417,8 @@ def read_logs(paths, fmt: str = "auto", ranks: Ranks | None = None, start: float
         progress.close()
     tally = reader.tally
     if tally.requests == 0:
-        raise BadInputError("the logs hold no request for an adapter")
+        raise BadInputError(f"{', '.join(where(p) for p in paths[:4])}{' ...' if len(paths) > 4 else ''}: no request "
+                            "for an adapter in the log" + ("s" if len(paths) > 1 else ""))
     kept = sorted((k for k in range(len(reader.names)) if reader.keep[k]), key=reader.names.text.__getitem__)
     counts, first_hour = tally.hours()
     return Traffic([reader.names.text[k] for k in kept], counts[kept], first_hour, tally.first, tally.last,

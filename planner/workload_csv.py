@@ -158,6 +158,8 @@ def read_workload(path: str | os.PathLike, profile: Profile | None = None) -> Wo
         rate = _number(path, lineno, "rate_rps", get["rate_rps"])
         optional = {c: _number(path, lineno, c, get[c]) if get.get(c) else None
                     for c in ("input_tokens", "output_tokens", "max_ttft_s", "max_tpot_ms")}
+        if profile is not None and (optional["input_tokens"] or optional["output_tokens"]):
+            _check_fits(path, lineno, profile, optional["input_tokens"], optional["output_tokens"])
         for c in PROVENANCE[:-1]:
             if get.get(c):
                 _number(path, lineno, c, get[c])
@@ -173,6 +175,17 @@ def read_workload(path: str | os.PathLike, profile: Profile | None = None) -> Wo
     if not any(a.rate_rps > 0 for a in adapters):
         raise _fail(path, None, "rate_rps", "is 0 for every adapter: there is no traffic to plan for")
     return Workload(tuple(adapters))
+
+
+def _check_fits(path, lineno: int, profile: Profile, ins: float | None, outs: float | None) -> None:
+    """A row's own lengths must fit the profile's context: vLLM refuses a longer request (planner.packing.mean_lengths
+    checks them again with the lengths the command gives the adapters that leave one out)."""
+    limit = profile.engine.max_model_len
+    if (ins or 0) + (outs or 0) > limit:
+        said = " + ".join(f"{n:g} {what}" for n, what in ((ins, "prompt"), (outs, "output")) if n)
+        raise _fail(path, lineno, "input_tokens" if ins else "output_tokens",
+                    f"a request of {said} tokens does not fit max_model_len {limit} of profile {profile.profile_id}; "
+                    "vLLM would refuse it (shorten the request, or plan with a profile of a longer context)")
 
 
 def _rows(path, text: str) -> list[tuple[int, list[str]]]:

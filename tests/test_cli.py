@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from click.testing import CliRunner
 
@@ -59,8 +60,6 @@ def test_profiles_lists_provenance():
 
 def test_the_readme_example_is_what_the_readme_command_prints():
     """The README shows a real plan: the output of its own first command, as it is today."""
-    from pathlib import Path
-
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     prompt = "$ planner plan datasets/workloads/mixed-ranks-128-adapters.csv\n"
     shown = readme[readme.index(prompt) + len(prompt):].split("```", 1)[0]
@@ -68,3 +67,46 @@ def test_the_readme_example_is_what_the_readme_command_prints():
                                                 / "mixed-ranks-128-adapters.csv")])
     assert res.exit_code == 0
     assert res.output == shown
+
+
+def test_commands_that_judge_a_plan_again_say_its_objective_is_the_plans_unless_given():
+    for command in ("replan", "evaluate"):
+        res = CliRunner().invoke(main, [command, "--help"])
+        assert "queues allowed. [the plan's]" in " ".join(res.output.split()), command
+    assert "queues allowed. [slo]" in " ".join(CliRunner().invoke(main, ["plan", "--help"]).output.split())
+
+
+def test_a_throughput_plan_is_judged_again_by_its_objective_and_says_no_ttft_limit(tmp_path):
+    plan = tmp_path / "plan.json"
+    res = CliRunner().invoke(main, ["plan", WL, "--objective", "throughput", "--out", str(plan)])
+    assert res.exit_code == 0, res.output
+    assert "no latency bound" in res.output and "TTFT limit" not in res.output
+    ev = CliRunner().invoke(main, ["evaluate", str(plan), WL])
+    assert ev.exit_code == 0 and "p99 TTFT <=" not in ev.output.splitlines()[0] and "TTFT limit" not in ev.output
+
+
+def test_evaluate_says_which_of_the_plans_adapters_the_workload_lacks(tmp_path):
+    plan = tmp_path / "plan.json"
+    assert CliRunner().invoke(main, ["plan", WL, "--out", str(plan)]).exit_code == 0
+    fewer = tmp_path / "fewer.csv"
+    lines = Path(WL).read_text().splitlines()
+    fewer.write_text("\n".join(lines[:-2]) + "\n")
+    res = CliRunner().invoke(main, ["evaluate", str(plan), str(fewer)])
+    gone = [line.split(",")[0] for line in lines[-2:]]
+    assert res.exit_code == 0 and f"not in {fewer}: 2 of the plan's adapters, judged with no traffic: " \
+                                  f"{', '.join(sorted(gone))}" in res.output, res.output
+
+
+def test_an_adapter_its_own_slo_leaves_no_gpu_for_is_refused_naming_that_slo(tmp_path):
+    wl = tmp_path / "w.csv"
+    wl.write_text("adapter_id,rank,rate_rps,max_ttft_s\nx,8,1,0.01\nb,8,1,\n")
+    res = CliRunner().invoke(main, ["plan", str(wl)])
+    assert res.exit_code == 3 and "adapter x cannot be served" in res.output
+    assert "within its own max_ttft_s 0.01 (loosen it in the workload)" in res.output, res.output
+
+
+def test_unknown_predictors_and_policy_parameters_are_refused_with_what_is_allowed():
+    res = CliRunner().invoke(main, ["plan", WL, "--predictor", "nope"])
+    assert res.exit_code == 2 and "choose one of auto, small-tree, surrogate, twin" in res.output, res.output
+    res = CliRunner().invoke(main, ["plan", WL, "--policy", "chameleon", "--policy-param", "queues=abc"])
+    assert res.exit_code == 2 and "queues must be a whole number" in res.output, res.output

@@ -95,6 +95,10 @@ def test_counts_are_honoured_and_a_pool_too_small_is_refused(tmp_path, mixed):
 
 @pytest.mark.parametrize("text, words", [
     ("kinds: [", "not YAML"),
+    ("kinds:\n  - name: a\n   profile: x\n", "pool.yaml:3:4: not YAML: expected <block end>"),
+    ("", "not a valid pool: it is empty; a pool file lists its GPU kinds under 'kinds:'"),
+    (f"kinds: [{{name: a, profile: {H100}, price_per_hr: 1}}]",
+     "kinds.0.price_per_hour: Field required; kinds.0.price_per_hr: Extra inputs are not permitted"),
     ("kinds: []", "kinds: List should have at least 1 item"),
     (f"kinds: [{{name: a, profile: {H100}, price_per_hour: 1}}, {{name: a, profile: {CPU}, price_per_hour: 1}}]",
      "kind 'a' appears twice"),
@@ -116,6 +120,8 @@ def test_pool_refuses_what_the_pool_decides_and_adapters_no_kind_serves(tmp_path
     for extra in (["--profile", H100], ["--gpus", "4"], ["--algorithm", "maxbase"], ["--no-confirm"]):
         res = plan(WL, "--pool", pool, *extra)
         assert res.exit_code == 2, (extra, res.output)
+    assert "drop --gpus (each kind's count says how many of it there are)" in plan(WL, "--pool", pool, "--gpus",
+                                                                                   "4").output
     (tmp_path / "cpu.yaml").write_text(f"kinds: [{{name: cpu, profile: {CPU}, price_per_hour: 1}}]")
     res = plan(WL, "--pool", tmp_path / "cpu.yaml")
     assert res.exit_code == 2 and "cannot be served by any kind of the pool (cpu)" in res.output
@@ -238,7 +244,11 @@ def test_a_pool_of_kinds_serving_models_of_other_shapes_is_planned_with_a_note_s
     assert ("note: the kinds' profiles serve models of different shapes (a: 32 layers, 8 KV heads of 128; b: 28 "
             "layers, 4 KV heads of 128)") in res.output
     res = plan(small, "--pool", "datasets/workloads/h100-pool.yaml")
-    assert res.exit_code == 0 and "note:" not in res.output, res.output
+    assert res.exit_code == 0 and "models of different shapes" not in res.output, res.output
+    # its 80 GB kind's profile is measured on 5 real runs: the plan says so
+    assert [line for line in res.output.splitlines() if line.startswith("note:")] == [
+        "note: kind h100-80gb: profile h100-80gb-llama-3.1-8b is not plan-grade: its safety margin rests on 5 real "
+        "runs (plan-grade from 10; docs/profiles.md, \"Safety margins\"), so treat its plans as estimates"]
 
 
 def test_a_kind_that_serves_none_of_the_adapters_is_passed_over(tmp_path):

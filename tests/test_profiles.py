@@ -57,3 +57,30 @@ def test_unknown_profile_and_unreadable_file(tmp_path):
     good = tmp_path / "q.json"
     good.write_text(json.dumps(make_profile_dict()))
     assert load_profile(good).profile_id == "test-profile"
+
+
+@pytest.mark.parametrize("planning, words", [
+    (None, "its safety margin is not measured against real runs"),
+    ({"slowdown": 1.1, "real_runs": 5}, "its safety margin rests on 5 real runs (plan-grade from 10"),
+    ({"slowdown": 1.1, "real_runs": 10}, None),
+])
+def test_a_profile_is_plan_grade_once_its_margin_rests_on_ten_real_runs(planning, words):
+    d = make_profile_dict()
+    if planning is not None:
+        d["planning"] = planning
+    note = profile_from_dict(d).plan_grade_note()
+    assert note == words if words is None else words in note
+
+
+def test_the_shipped_profiles_say_which_are_plan_grade_and_plans_of_the_others_say_so(tmp_path):
+    from click.testing import CliRunner
+
+    from planner.cli import main
+
+    grade = {p["profile_id"]: p["plan_grade"] for p in json.loads(CliRunner().invoke(main, ["profiles", "--json"]).output)}
+    assert grade == {"h100-64gb-llama-3.1-8b": True, "h100-64gb-qwen2.5-7b": True, "cpu-2core-tiny-llama": True,
+                     "h100-80gb-llama-3.1-8b": False}
+    res = CliRunner().invoke(main, ["plan", "datasets/workloads/small-8-adapters.csv", "--profile",
+                                    "h100-80gb-llama-3.1-8b"])
+    assert res.exit_code == 0 and "note: profile h100-80gb-llama-3.1-8b is not plan-grade: its safety margin rests " \
+                                  "on 5 real runs" in res.output, res.output

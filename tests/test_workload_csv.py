@@ -40,6 +40,8 @@ def test_reads_a_good_workload_with_optional_columns(tmp_path):
     ("adapter_id,rank,rate_rps\n", "has a header but no adapters"),
     ("adapter_id;rank;rate_rps\na;8;1\n", "uses another delimiter"),
     ("adapter_id,rank,rate_rps\na,8\n", ":2: has 2 fields but the header has 3"),
+    ("adapter_id,rank,rate_rps,input_tokens\na,8,1,\nb,8,1,200000\n",
+     ":3: column 'input_tokens': a request of 200000 prompt tokens does not fit max_model_len"),
 ])
 def test_bad_workloads_name_line_column_and_fix(tmp_path, text, expect):
     with pytest.raises(WorkloadError, match=None) as exc:

@@ -129,6 +129,7 @@ def test_from_log_writes_a_workload_that_plans(tmp_path, fmt):
     ('{"timestamp": 5, "model": "../x"}\n', "log.jsonl:1: '../x' is not an adapter id"),
     ('{"timestamp": 5, "model": "a", "prompt_tokens": -3}\n', "not a token count"),
     ('{"timestamp": 5, "model": "a"}\n{"timestamp": 5, "model": "unranked"}\n', "log.jsonl:2: no rank for the adapter 'unranked'"),
+    ("", "log.jsonl: no request for an adapter in the log"),
 ])
 def test_bad_logs_are_one_line_errors(tmp_path, content, message):
     log = tmp_path / "log.jsonl"
@@ -138,6 +139,15 @@ def test_bad_logs_are_one_line_errors(tmp_path, content, message):
     res = CliRunner().invoke(main, ["workload", "from-log", str(log), "--ranks", str(ranks), "--out",
                                     str(tmp_path / "w.csv")])
     assert res.exit_code == 2 and message in res.output and len(res.output.strip().splitlines()) == 1, res.output
+    assert not (tmp_path / "w.csv").exists()
+
+
+def test_a_log_given_twice_is_refused_rather_than_counted_twice(tmp_path):
+    log = tmp_path / "log.jsonl"
+    log.write_text('{"timestamp": 5, "model": "a"}\n{"timestamp": 3605, "model": "a"}\n')
+    res = CliRunner().invoke(main, ["workload", "from-log", str(log), str(tmp_path / "." / "log.jsonl"), "--out",
+                                    str(tmp_path / "w.csv")])
+    assert res.exit_code == 2 and "given again" in res.output, res.output
     assert not (tmp_path / "w.csv").exists()
 
 

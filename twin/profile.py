@@ -288,8 +288,20 @@ class Profile:
     policy_terms: PolicyTerms = field(default_factory=PolicyTerms)
     #: How a plan stays safe with this profile (``planning`` in the JSON): ``slowdown``, how much slower
     #: than its twin a real engine of this profile may run (a plan judges each GPU on a twin that much
-    #: slower), and ``slo_slowdown``, the same for a latency SLO's verdict, with the ``evidence``.
+    #: slower), and ``slo_slowdown``, the same for a latency SLO's verdict, with the ``evidence`` and the
+    #: ``real_runs`` it holds.
     planning: dict[str, Any] = field(default_factory=dict)
+
+    def plan_grade_note(self) -> str | None:
+        """Why this profile's plans are estimates rather than plans to deploy (None: it is plan-grade): its safety
+        margin rests on fewer than :data:`PLAN_GRADE_RUNS` real runs, or on none it records."""
+        runs = self.planning.get("real_runs")
+        if runs is not None and runs >= PLAN_GRADE_RUNS:
+            return None
+        basis = ("is not measured against real runs" if runs is None
+                 else f"rests on {runs} real run{'s' if runs != 1 else ''}")
+        return (f"profile {self.profile_id} is not plan-grade: its safety margin {basis} (plan-grade from "
+                f"{PLAN_GRADE_RUNS}; docs/profiles.md, \"Safety margins\"), so treat its plans as estimates")
 
     def planning_slowdown(self, objective: str = "slo") -> float:
         """The safety slowdown a plan with this objective ("slo" or "throughput") judges GPUs with."""
@@ -354,6 +366,9 @@ def list_profiles() -> list[Profile]:
 
 
 DEFAULT_PROFILE_ID = "h100-64gb-llama-3.1-8b"
+#: Real runs (workloads served by the engine the profile measures) a profile's safety margin must rest on for its
+#: plans to be deployed as they are (datasets/measured/*/README.md).
+PLAN_GRADE_RUNS = 10
 
 
 def load_profile(id_or_path: str | os.PathLike = DEFAULT_PROFILE_ID) -> Profile:
@@ -570,4 +585,6 @@ def _planning(r) -> dict[str, Any]:
     p = r.sub("planning")
     p.num("slowdown", 1.0, min_value=1.0)
     p.num("slo_slowdown", 1.0, min_value=1.0)
+    if raw.get("real_runs") is not None:
+        p.int_("real_runs")
     return dict(raw)

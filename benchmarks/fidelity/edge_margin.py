@@ -141,6 +141,7 @@ def main() -> None:
     out = {"benchmark": "edge_margin", "risk": RISK,
            "profiles": {"h100-64gb-qwen2.5-7b": q,
                         "h100-64gb-llama-3.1-8b": {"slowdown": q["slowdown"], "slo_slowdown": q["slo_slowdown"],
+                                                   "runs": q["runs"],
                                                    "source": "h100-64gb-qwen2.5-7b's (no real Llama runs; the same "
                                                              "GPU, engine, prompt pool and client)"},
                         "cpu-2core-tiny-llama": {**cpu, "slo_slowdown": cpu["slowdown"]},
@@ -148,7 +149,8 @@ def main() -> None:
     write_result(args.out, out)
     for pid, p in out["profiles"].items():
         print(f"{pid}: slowdown {p['slowdown']}, for the SLO {p['slo_slowdown']}"
-              + (f" (from {p['starved_runs']} starved of {p['runs']} real runs)" if "runs" in p else f" ({p['source']})"))
+              + (f" (from {p['starved_runs']} starved of {p['runs']} real runs)" if "starved_runs" in p
+                 else f" ({p['source']})"))
         if args.write:
             record_planning(pid, p)
     print(json.dumps({k: v for k, v in q["slo_check"]["by_slowdown"].items()}, indent=1))
@@ -160,6 +162,7 @@ def record_planning(profile_id: str, margins: dict) -> None:
     data = json.loads(path.read_text(encoding="utf-8"))
     data["planning"] = {
         "slowdown": margins["slowdown"], "slo_slowdown": margins["slo_slowdown"], "risk": RISK,
+        "real_runs": margins["runs"],
         "evidence": margins.get("source", ""), "command": "python -m benchmarks.fidelity.edge_margin --write",
         "details": "artifacts/benchmarks/edge_margin.json"}
     write_profile(path, data)

@@ -138,6 +138,10 @@ def policy_from_name(name: str, **overrides) -> PolicySpec | None:
     return replace(PRESETS[name], **overrides)
 
 
+#: What a policy parameter's value must be, by its type, in words.
+KIND_WORDS = {"bool": "true or false", "int": "a whole number", "float": "a finite number", "str": "a word"}
+
+
 def parse_overrides(items: tuple[str, ...] | list[str]) -> dict:
     """``KEY=VALUE`` strings (CLI) to typed overrides: bools, numbers or words."""
     out: dict = {}
@@ -162,7 +166,7 @@ def parse_overrides(items: tuple[str, ...] | list[str]) -> dict:
             else:
                 out[key] = value
         except ValueError:
-            raise WorkloadError(f"--policy-param {item!r}: {key} must be a {kind}") from None
+            raise WorkloadError(f"--policy-param {item!r}: {key} must be {KIND_WORDS.get(kind, kind)}") from None
     return out
 
 
