@@ -305,7 +305,9 @@ def evaluate(placement_file, workload, profile_id, duration, seed, load, arrival
                 click.echo(f"{gpu}: {state}")
                 continue
             state = click.style("ok", fg="green") if i.ok else click.style("MISSES: " + "; ".join(i.misses), fg="red")
-            click.echo(f"{gpu}: serves {f['served']:.1%} of {i.arriving_tok_s:,.0f} tok/s, p99 TTFT "
+            arriving = (f"{i.arriving_tok_s:,.0f} tok/s" if load is None  # --load: the traffic it simulated
+                        else f"{i.arriving_tok_s * load:,.0f} tok/s ({load:g} x {i.arriving_tok_s:,.0f})")
+            click.echo(f"{gpu}: serves {f['served']:.1%} of {arriving}, p99 TTFT "
                        f"{_seconds(f['ttft_ms_p99'])}, p99 TPOT {_millis(f['tpot_ms_p99'])}: {state}")
         if ev.unplaced:
             click.echo(f"not placed: {listed(ev.unplaced)}")

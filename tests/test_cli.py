@@ -110,3 +110,11 @@ def test_unknown_predictors_and_policy_parameters_are_refused_with_what_is_allow
     assert res.exit_code == 2 and "choose one of auto, small-tree, surrogate, twin" in res.output, res.output
     res = CliRunner().invoke(main, ["plan", WL, "--policy", "chameleon", "--policy-param", "queues=abc"])
     assert res.exit_code == 2 and "queues must be a whole number" in res.output, res.output
+
+
+def test_evaluate_at_another_load_shows_the_traffic_it_simulated(tmp_path):
+    plan = tmp_path / "plan.json"
+    assert CliRunner().invoke(main, ["plan", WL, "--out", str(plan)]).exit_code == 0
+    arriving = json.loads(plan.read_text())["instances"][0]["arriving_tok_s"]
+    res = CliRunner().invoke(main, ["evaluate", str(plan), WL, "--load", "2", "--seed", "1"])
+    assert f"of {2 * arriving:,.0f} tok/s (2 x {arriving:,.0f})" in res.output, res.output
