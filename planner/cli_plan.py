@@ -134,8 +134,8 @@ def plan(workload, profile_id, pool_file, gpus, algorithm, predictor_kind, polic
     profile = load_profile(profile_id or DEFAULT_PROFILE_ID)
     launch_model("json" if as_json else fmt, model, profile.model)  # refused before any work
     wl = read_workload(workload, profile)
-    if profile.plan_grade_note():
-        say(f"note: {profile.plan_grade_note()}")
+    if note := profile.plan_grade_note():
+        say(f"note: {note}")
     predictor = load_predictor_for(profile, predictor_kind, policy_from_cli(policy, policy_params))
     t0 = time.perf_counter()
     try:
@@ -169,8 +169,8 @@ def plan_on_pool(workload, pool_file, profile_id, gpus, predictor_kind, policy, 
     if other_models:
         say(f"note: {other_models}")
     for kind in pool.kinds:
-        if kind.profile.plan_grade_note():
-            say(f"note: kind {kind.name}: {kind.profile.plan_grade_note()}")
+        if note := kind.profile.plan_grade_note():
+            say(f"note: kind {kind.name}: {note}")
     profile = pool.reference.profile
     launch_model("json" if as_json else fmt, model, profile.model)  # refused before any work
     wl = read_workload(workload)  # each kind serves the adapters its profile can
@@ -407,8 +407,7 @@ def replan(workload, previous_file, out, profile_id, gpus, predictor_kind, headr
         headroom = previous.inputs.get("headroom", 0.0) if headroom is None else headroom
 
         def bar_for(plan, profile):
-            return plan_bar(plan, profile, objective, min_served, max_ttft, max_tpot,
-                            slowdown)
+            return plan_bar(plan, profile, objective, min_served, max_ttft, max_tpot, slowdown)
 
         if previous.kinds():
             placement = replan_on_pool(previous, workload, profile_id, gpus, predictor_kind, headroom, split_hot,

@@ -144,7 +144,7 @@ def read_pool(path: str | os.PathLike) -> Pool:
         spec = PoolFile.model_validate(doc)
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
-        said = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(the document)'}: {e['msg']}"
+        said = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
                          for e in errors[:MAX_ERRORS_SHOWN])
         more = f" (and {len(errors) - MAX_ERRORS_SHOWN} more)" if len(errors) > MAX_ERRORS_SHOWN else ""
         raise BadInputError(printable(f"{where}: not a valid pool: {said}{more}")) from None
