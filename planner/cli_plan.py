@@ -393,7 +393,7 @@ def replan(workload, previous_file, out, profile_id, gpus, predictor_kind, headr
     """
     from planner.evaluate import plan_bar
     from planner.placement import read_placement
-    from planner.plan import PlanOptions, pack_request
+    from planner.plan import PlanOptions, limits_of, pack_request
     from planner.replan import ChurnBudget, exclusive
     from planner.replan import replan as run_replan
     from planner.workload_csv import read_workload
@@ -421,8 +421,7 @@ def replan(workload, previous_file, out, profile_id, gpus, predictor_kind, headr
             policy = policy_from_record(previous.inputs.get("policy"))
             bar = bar_for(previous, profile)
             opts = PlanOptions(gpus=gpus, headroom=headroom, confirm=confirm, jobs=jobs_or_cores(jobs),
-                               objective=bar.objective, max_ttft_s=bar.max_ttft_s, max_tpot_ms=bar.max_tpot_ms,
-                               min_served=bar.min_served, slowdown=bar.slowdown, few=bar.few,
+                               **limits_of(bar), slowdown=bar.slowdown, few=bar.few,
                                tail_factor=tail_setting(tail_factor), size_scaled=size_margin)
             req = pack_request(wl, profile, load_predictor_for(profile, predictor_kind, policy), opts)
             budget = ChurnBudget.parse(max_moves, max_restarts, gpu_tolerance, len(wl))
@@ -438,7 +437,7 @@ def replan(workload, previous_file, out, profile_id, gpus, predictor_kind, headr
 def replan_on_pool(previous, workload, profile_id, gpus, predictor_kind, headroom, split_hot, confirm, jobs,
                    tail_factor, size_margin, bar_for, max_moves, max_restarts, gpu_tolerance, fmt, as_json, model):
     """`planner replan` of a pool plan: each kind re-planned on its own profile (planner.pool_replan)."""
-    from planner.plan import PlanOptions
+    from planner.plan import PlanOptions, limits_of
     from planner.pool_replan import recorded_pool, replan_pool
     from planner.replan import ChurnBudget
     from planner.workload_csv import read_workload
@@ -452,8 +451,7 @@ def replan_on_pool(previous, workload, profile_id, gpus, predictor_kind, headroo
     launch_model("json" if as_json else fmt, model, pool.reference.profile.model)  # refused before any work
     wl = read_workload(workload)
     first = bar_for(previous, pool.reference.profile)  # the SLO every kind shares (each kind keeps its margin)
-    opts = PlanOptions(headroom=headroom, confirm=confirm, jobs=jobs_or_cores(jobs), objective=first.objective,
-                       max_ttft_s=first.max_ttft_s, max_tpot_ms=first.max_tpot_ms, min_served=first.min_served,
+    opts = PlanOptions(headroom=headroom, confirm=confirm, jobs=jobs_or_cores(jobs), **limits_of(first),
                        tail_factor=tail_setting(tail_factor), size_scaled=size_margin)
     budget = ChurnBudget.parse(max_moves, max_restarts, gpu_tolerance, len(wl))
     return replan_pool(previous, workload, wl, opts, lambda p: load_predictor_for(p, predictor_kind), bar_for,

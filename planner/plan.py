@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from models.scenario import Predictor
 from models.twin_predictor import FewAdapters
@@ -77,6 +78,15 @@ class PlanOptions:
         """The twin runs judging each GPU (their length follows the objective; the slowdown does not matter)."""
         bar = ServiceBar.for_objective(self.objective, 1.0, self.min_served, self.max_ttft_s, self.max_tpot_ms)
         return TwinRun.for_bar(bar, self.jobs, self.tail_factor, self.size_scaled)
+
+
+def limits_of(bar: ServiceBar) -> dict[str, Any]:
+    """The :class:`PlanOptions` fields that ask for ``bar``'s limits as they are, as a re-plan judges by a plan's
+    recorded bar: a bar with one latency limit is asked for as ``throughput`` with that limit (``slo`` would add
+    the default of the limit it lacks: ServiceBar.for_objective)."""
+    both = bar.max_ttft_s is not None and bar.max_tpot_ms is not None
+    return {"objective": "slo" if both else "throughput", "max_ttft_s": bar.max_ttft_s,
+            "max_tpot_ms": bar.max_tpot_ms, "min_served": bar.min_served}
 
 
 def pack_request(workload: Workload, profile: Profile, predictor: Predictor, opts: PlanOptions) -> PackRequest:

@@ -61,6 +61,23 @@ def test_a_plan_with_headroom_is_re_planned_with_it_unless_told_otherwise(tmp_pa
     assert doc["inputs"]["headroom"] == 0 and doc["summary"]["gpus"] < gpus and doc["changes"]["moved_adapters"]
 
 
+def test_a_plan_with_one_latency_limit_is_re_planned_by_that_limit_alone(tmp_path):
+    """`--objective throughput --max-tpot 400` records a bar with a TPOT limit and no TTFT one: the re-plan judges
+    by it, not by the default SLO's 2 s TTFT as well (which moved a hot adapter's replica off a GPU whose queue the
+    plan allows)."""
+    wl = family_workload("hot", 80, 131)
+    csv, out = tmp_path / "w.csv", tmp_path / "plan.json"
+    write_workload_csv(wl, csv)
+    res = _run("plan", csv, "--objective", "throughput", "--max-tpot", "400", "--out", out)
+    assert res.exit_code == 0, res.output
+    res = _run("replan", csv, "--previous", out, "--out", tmp_path / "same.json", "--json")
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert {i["twin"]["max_ttft_ms"] for i in doc["instances"]} == {None}
+    assert {i["twin"]["max_tpot_ms"] for i in doc["instances"]} == {400.0}
+    assert doc["changes"]["moved_adapters"] == [] and doc["changes"]["new_instances"] == []
+
+
 def test_the_fresh_plan_a_re_plan_measures_itself_by_is_not_bound_by_the_gpus_allowed(tmp_path, monkeypatch):
     """A pool plan packs a kind's share otherwise than a fresh greedy plan of it, which can take more GPUs than
     the kind's count (2,000 adapters over 30 reserved GPUs: 31); that yardstick then saves no GPU, and must not
