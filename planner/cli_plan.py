@@ -518,6 +518,8 @@ def verify(placement_file, engine, duration, warmup, model, adapter_dir, synthes
     from planner.placement import read_placement
     from planner.verify import (
         VerifySettings,
+        check_engine,
+        check_model_files,
         kind_part,
         real_bar,
         rejudge_placement,
@@ -545,6 +547,7 @@ def verify(placement_file, engine, duration, warmup, model, adapter_dir, synthes
     else:
         if engine is None:
             raise BadInputError("give --engine cpu|cuda (or --rejudge to judge an earlier run again)")
+        check_engine(engine, profile, duration, warmup)
         per_token = None
         if synthesize:
             model, paths, per_token = synthesize_for(placement, work / "synthetic",
@@ -555,6 +558,7 @@ def verify(placement_file, engine, duration, warmup, model, adapter_dir, synthes
             paths = {a["adapter_id"]: a["path"] or (str(Path(adapter_dir) / a["adapter_id"]) if adapter_dir else None)
                      for a in placement.adapters}
             paths = {k: v for k, v in paths.items() if v}
+            check_model_files(model, paths)
         kv_bytes = kv_cache_bytes or profile.engine.kv_cache_bytes
         settings = VerifySettings(engine=engine, model=model, adapter_paths=paths, duration_s=duration,
                                   warmup_s=warmup, seed=seed, kv_cache_bytes=kv_bytes, kv_bytes_per_token=per_token,

