@@ -10,7 +10,9 @@ How (``make_pool_plan``):
    it takes and an idle one for the slot it holds: the price of an adapter on that kind.
 2. The mixes: each adapter on the kind where that price is lowest, a kind over its ``count`` giving up the
    fewest adapters that make its packing fit (those it is least ahead on for their price there first); and that
-   mix with every kind's GPUs filled with other kinds' adapters while they still fit in the room paid for, or, on
+   mix with every kind's GPUs filled with other kinds' adapters while they still fit in the room paid for (a kind
+   the twin packs asked at :data:`ESTIMATE_SHORTFALL` more traffic: its estimate's shorter runs pack tighter than
+   the judging runs, and a share filled to the estimate's edge judged a GPU over it), or, on
    a kind its count left GPUs short of that count, the adapters cheaper there up to the count
    (:meth:`PoolPlanner.fill`).
 3. The mixes and each single kind's packing of the whole workload, in order of packed cost, are judged as
@@ -75,7 +77,8 @@ TWIN_MOVE_PROBES = 4
 REUSE_SHARE = 0.5
 #: How many more GPUs the judging runs are taken to pack than a twin-packed kind's estimate until one was judged
 #: alone (to judge it alone before a mix it may beat: _alone_first): the 80 GB kind's judged over estimated GPUs
-#: were 84/83 to 29/28 alone and 83/81 to 9/8 in mixes of random fleets.
+#: were 84/83 to 29/28 alone and 83/81 to 9/8 in mixes of random fleets. Its fill asks for this much more traffic
+#: (PoolPlanner.fill): a rank-32 10,000-adapter share filled to the edge of 29 estimated GPUs judged 30.
 ESTIMATE_SHORTFALL = 0.03
 #: Times mixes are formed again with room kept for the GPUs judging added on a kind with a count, after a judged
 #: mix came out over that count.
@@ -147,7 +150,7 @@ class PoolPlanner:
             raise BadInputError(f"adapter {a.adapter_id} (rank {a.rank}, requests of {self.ins[nobody][0]:g} + "
                                 f"{self.outs[nobody][0]:g} tokens) cannot be served by any kind of the pool "
                                 f"({', '.join(k.name for k in pool.kinds)}): add a kind whose profile serves it")
-        self._packed: dict[tuple[str, bytes, bool], KindPack] = {}
+        self._packed: dict[tuple[str, bytes, bool, bool], KindPack] = {}
         #: Per kind with a count: GPUs its judging added to a mix's packing that then came out over the count;
         #: mixes formed later keep that much room (:meth:`room`).
         self.slack: dict[str, int] = {}
@@ -193,20 +196,24 @@ class PoolPlanner:
         run = replace(opts.run, **ESTIMATE_RUN)
         return replace(req, predictor=run.predictor(kind.profile, None, bar))
 
-    def pack(self, kind: Kind, members: np.ndarray, priced: bool = False) -> KindPack:
-        """The kind's packing of ``members`` without the twin's verdict (cached: packings are deterministic).
+    def pack(self, kind: Kind, members: np.ndarray, priced: bool = False, padded: bool = False) -> KindPack:
+        """The kind's packing of ``members`` without the twin's verdict (cached: packings are deterministic);
+        ``padded``: a kind the twin packs at :data:`ESTIMATE_SHORTFALL` more traffic (:meth:`fill`).
         A kind the twin packs is balanced only where its adapters are ``priced`` from the packing: elsewhere only
         its GPU count is used (the twin packs it again when judging), and balancing, which keeps the count,
         is most of the twin's packing work; where the same adapters were packed to price them, that packing
         serves."""
         balance = self.opts.balance and (priced or not self.twin_packed(kind))
-        key = (kind.name, members.tobytes(), balance)
-        balanced = (kind.name, members.tobytes(), True)
+        padded = padded and self.twin_packed(kind)
+        key = (kind.name, members.tobytes(), balance, padded)
+        balanced = (kind.name, members.tobytes(), True, padded)
         if not balance and balanced in self._packed:
             return self._packed[balanced]
         if key not in self._packed:
-            req = self.request(kind, members)
-            self._packed[key] = KindPack(kind, members, req, run_algorithm(req, replace(self.opts, balance=balance)))
+            opts = self.opts if not padded else replace(
+                self.opts, headroom=(1.0 + self.opts.headroom) * (1.0 + ESTIMATE_SHORTFALL) - 1.0)
+            req = self.request(kind, members, opts)
+            self._packed[key] = KindPack(kind, members, req, run_algorithm(req, replace(opts, balance=balance)))
         return self._packed[key]
 
     def confirm(self, pack: KindPack, reuse: bool = False, bound: float = np.inf) -> KindPack:
@@ -432,7 +439,7 @@ class PoolPlanner:
     def fill(self, choice: np.ndarray, prices: np.ndarray, bound: float = np.inf) -> np.ndarray:
         """``choice`` with each kind's GPUs filled: the room its GPUs have left is paid for, so it takes the
         adapters of other kinds it is relatively cheapest for, as many as still fit on its GPUs (searched in at
-        most :data:`FILL_PROBES` packings), where their price shares where they are add up to a GPU there and the
+        most :data:`FILL_PROBES` packings; a kind the twin packs, at :data:`ESTIMATE_SHORTFALL` more traffic), where their price shares where they are add up to a GPU there and the
         whole mix then costs less. A kind packed on fewer GPUs than its count allows, with adapters cheaper on it
         elsewhere (moved off to fit the count: the move can free more GPUs than it needed, as moving a hot
         adapter's replicas does), takes those back up to the count instead. A kind whose GPUs alone cost
@@ -472,7 +479,8 @@ class PoolPlanner:
         # First guess: the others whose price shares here add up to the room left on its GPUs.
         guess = int(np.searchsorted(np.cumsum(prices[j, others]), spare))
         taken = _bisect(len(others), guess, self.probes(kind, TWIN_FILL_PROBES),
-                        lambda n: self.pack(kind, np.union1d(mine_idx, others[:n])).gpus <= gpus, fewest=False)
+                        lambda n: self.pack(kind, np.union1d(mine_idx, others[:n]), padded=True).gpus <= gpus,
+                        fewest=False)
         return others[:taken]
 
 

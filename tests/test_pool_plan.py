@@ -483,11 +483,12 @@ def test_a_twin_packed_kind_balances_only_the_packing_that_prices_its_adapters(t
     balanced = {key[:2] for key in planner._packed if key[2]}
     assert any(not key[2] and key[0] == "cpu" for key in planner._packed)  # unbalanced packings were made
     pack = PoolPlanner.pack
-    monkeypatch.setattr(PoolPlanner, "pack", lambda self, kind, members, priced=False: pack(self, kind, members, True))
+    monkeypatch.setattr(PoolPlanner, "pack", lambda self, kind, members, priced=False, padded=False: pack(
+        self, kind, members, True, padded))
     every = _planner(tmp_path)
     again = plan_pool(every).chosen
     assert [m.key() for m in formed[0]] == [m.key() for m in formed[1]] and chosen.key() == again.key()
-    assert all(p.gpus == every._packed[key[:2] + (True,)].gpus for key, p in planner._packed.items())
+    assert all(p.gpus == every._packed[key[:2] + (True, key[3])].gpus for key, p in planner._packed.items())
     assert balanced == {("cpu", planner.servable["cpu"].nonzero()[0].tobytes())} | {
         key[:2] for key in planner._packed if key[0] == "h100-64gb"}  # the surrogate's kind: every packing
 
@@ -646,3 +647,19 @@ def test_a_kind_its_count_left_gpus_unused_takes_back_the_adapters_cheaper_on_it
     assert (filled[moved] == 0).all() and filled[hot] == 1
     assert used < planner.pack(a, np.flatnonzero(filled == 0)).gpus <= used + 2
     assert planner._choice(filled).cost < planner._choice(choice).cost
+
+
+def test_a_twin_packed_kind_fills_its_gpus_leaving_room_for_what_its_judging_runs_add(tmp_path):
+    """Its estimate's shorter runs pack a little tighter than the judging runs: the adapters it takes from other
+    kinds are those that fit on its GPUs at ESTIMATE_SHORTFALL more traffic (a rank-32 10,000-adapter share filled to
+    the edge of 29 estimated GPUs of the 80 GB kind judged 30, and minutes went into a mix that lost)."""
+    from planner.pool_plan import ESTIMATE_SHORTFALL, plan_pool
+
+    planner = _planner(tmp_path)
+    plan_pool(planner)
+    cpu = next(k for k in planner.pool.kinds if k.name == "cpu")
+    padded = [p for key, p in planner._packed.items() if key[0] == "cpu" and key[3]]
+    assert padded and not any(key[3] for key in planner._packed if key[0] != "cpu")  # the surrogate's kind: as asked
+    for p in padded:
+        plain = planner.request(cpu, p.members)
+        assert np.allclose(p.req.rates_rps, plain.rates_rps * (1 + ESTIMATE_SHORTFALL))
