@@ -440,9 +440,10 @@ class PoolPlanner:
         """``choice`` with each kind's GPUs filled: the room its GPUs have left is paid for, so it takes the
         adapters of other kinds it is relatively cheapest for, as many as still fit on its GPUs (searched in at
         most :data:`FILL_PROBES` packings; a kind the twin packs, at :data:`ESTIMATE_SHORTFALL` more traffic),
-        where their price shares where they are add up to a GPU there and the whole mix then costs less. A kind packed on fewer GPUs than its count allows, with adapters cheaper on it
-        elsewhere (moved off to fit the count: the move can free more GPUs than it needed, as moving a hot
-        adapter's replicas does), takes those back up to the count instead. A kind whose GPUs alone cost
+        where their price shares where they are add up to a GPU there and the whole mix then costs less. A kind
+        packed on fewer GPUs than its count allows, with adapters cheaper on it elsewhere (moved off to fit the
+        count: the move can free more GPUs than it needed, as moving a hot adapter's replicas does), takes those
+        back up to the count instead. A kind whose GPUs alone cost
         ``bound`` or more is not filled: the mix would cost more than that however it were filled."""
         for j in range(len(self.pool.kinds)):
             moved = self._fitting_others(j, choice, prices, bound)

@@ -239,9 +239,9 @@ def check_engine(engine: str, profile: Profile, duration_s: float, warmup_s: flo
     measured = profile.engine.device
     if engine != measured:
         raise BadInputError(f"the plan's profile {profile.profile_id} measures a {measured} engine "
-                            f"({profile.hardware.get('accelerator', measured)}): --engine {engine} would check the plan "
-                            f"on another machine than it was made for; verify it with --engine {measured}, or plan "
-                            "with a profile of this machine")
+                            f"({profile.hardware.get('accelerator', measured)}): --engine {engine} would check the "
+                            f"plan on another machine than it was made for; verify it with --engine {measured}, or "
+                            "plan with a profile of this machine")
     if engine == "cuda":
         import torch
 
