@@ -27,8 +27,7 @@ from pathlib import Path
 from typing import Self
 
 from twin.errors import BadInputError
-
-DEVICES = ("cpu", "cuda")
+from twin.profile import ENGINE_DEVICES
 
 #: Log text that means vLLM refused to start for lack of (KV / LoRA / device) memory.
 MEMORY_ERROR_PATTERNS = (
@@ -79,8 +78,8 @@ class EngineConfig:
     env: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self):
-        if self.device not in DEVICES:
-            raise BadInputError(f"engine device must be one of {', '.join(DEVICES)} (got {self.device!r})")
+        if self.device not in ENGINE_DEVICES:
+            raise BadInputError(f"engine device must be one of {', '.join(ENGINE_DEVICES)} (got {self.device!r})")
         for name in ("max_loras", "max_lora_rank", "max_num_batched_tokens", "max_num_seqs", "max_model_len"):
             if getattr(self, name) < 1:
                 raise BadInputError(f"engine setting {name} must be >= 1")
