@@ -14,10 +14,12 @@ import atexit
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -222,6 +224,7 @@ class Engine:
     python: str = sys.executable
     pid: int | None = field(default=None, init=False)  # of the server (its process group id too)
     _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
+    _ipc_dir: str | None = field(default=None, init=False, repr=False)
 
     @property
     def base_url(self) -> str:
@@ -234,11 +237,15 @@ class Engine:
         self.port = self.port or free_port(self.config.host)
         self.log_path = Path(self.log_path)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = self.config.environment()
+        if "VLLM_RPC_BASE_PATH" not in env:
+            # vLLM's processes talk over sockets it leaves in the temp dir when killed: give them one we remove.
+            self._ipc_dir = env["VLLM_RPC_BASE_PATH"] = tempfile.mkdtemp(prefix="vllm-ipc-")
         t0 = time.monotonic()
         with open(self.log_path, "wb") as log:
             self._proc = subprocess.Popen(
                 self.config.argv(self.port, self.python), stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, env=self.config.environment(), start_new_session=True,
+                stdin=subprocess.DEVNULL, env=env, start_new_session=True,
             )
         self.pid = self._proc.pid
         with _LIVE_LOCK:
@@ -258,11 +265,13 @@ class Engine:
             time.sleep(0.5)
 
     def _healthy(self) -> bool:
+        """Ready when the port serves this engine's model: another server that took the port answers too."""
         try:
-            with urllib.request.urlopen(f"{self.base_url}/health", timeout=2) as r:
-                return r.status == 200
-        except (urllib.error.URLError, OSError):
+            with urllib.request.urlopen(f"{self.base_url}/v1/models", timeout=2) as r:
+                served = json.load(r).get("data", [])
+        except (urllib.error.URLError, OSError, ValueError, AttributeError):
             return False
+        return any(isinstance(m, dict) and m.get("id") == self.config.served_model_name for m in served)
 
     def read_log(self) -> str:
         try:
@@ -289,6 +298,9 @@ class Engine:
         deadline = time.monotonic() + 10.0
         while _signal_group(proc.pid, signal.SIGKILL) and time.monotonic() < deadline:
             time.sleep(0.05)
+        if self._ipc_dir:
+            shutil.rmtree(self._ipc_dir, ignore_errors=True)
+            self._ipc_dir = None
 
     @property
     def running(self) -> bool:

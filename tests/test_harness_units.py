@@ -160,6 +160,58 @@ def test_engine_that_exits_at_once_is_a_crashed_result_and_leaves_no_process(tmp
     assert result.status == "crashed" and result.message == "no output" and not result.ok
 
 
+def test_an_engine_gives_vllm_a_socket_dir_it_removes_when_stopped(tmp_path):
+    """vLLM leaves its IPC sockets in the temp dir when killed; the engine points them at a dir of its own."""
+    fake = tmp_path / "python"
+    fake.write_text('#!/bin/sh\necho "$VLLM_RPC_BASE_PATH" > "$0.dir"\n'
+                    '[ -n "$VLLM_RPC_BASE_PATH" ] && touch "$VLLM_RPC_BASE_PATH/sock"\nsleep 30\n')
+    fake.chmod(0o755)
+    with engine.Engine(engine.EngineConfig(model=str(tmp_path)), tmp_path / "log.txt", startup_timeout_s=1.5,
+                       python=str(fake)) as e:
+        assert e.start().status == "timeout"
+    ipc_dir = Path((tmp_path / "python.dir").read_text().strip())
+    assert ipc_dir.name.startswith("vllm-ipc-") and not ipc_dir.exists()
+
+
+def _answering_server(model_ids):
+    """A server on a free port answering every GET as an OpenAI /v1/models list of ``model_ids``."""
+    import http.server
+    import threading
+
+    body = json.dumps({"object": "list", "data": [{"id": m, "object": "model"} for m in model_ids]}).encode()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.mark.parametrize(("ids", "status"), [(["base", "a1"], "ok"), (["other-model"], "timeout"), ([], "timeout")])
+def test_an_engine_is_ready_only_when_its_port_serves_its_own_model(tmp_path, ids, status):
+    """A server of another model on the engine's port (every path answering 200) is not the engine being ready."""
+    sleeper = tmp_path / "python"
+    sleeper.write_text("#!/bin/sh\nsleep 30\n")
+    sleeper.chmod(0o755)
+    server = _answering_server(ids)
+    try:
+        config = engine.EngineConfig(model=str(tmp_path))
+        with engine.Engine(config, tmp_path / "log.txt", port=server.server_address[1], startup_timeout_s=1.5,
+                           python=str(sleeper)) as e:
+            result = e.start()
+    finally:
+        server.shutdown()
+    assert result.status == status
+
+
 def _stub_run(requests, names, window_s, **kwargs):
     needs("aiohttp")
     from aiohttp import web
