@@ -92,6 +92,18 @@ def servable(workload: Workload, ins: np.ndarray, outs: np.ndarray, profile: Pro
     return np.array([ranks_ok[a.rank] for a in workload.adapters]) & (ins + outs <= profile.engine.max_model_len)
 
 
+def _why_not(kind: Kind, rank: int, tokens: float) -> str:
+    """Why ``kind`` cannot serve an adapter of ``rank`` with requests of ``tokens``."""
+    kv, ctx = kind.profile.kv, kind.profile.engine.max_model_len
+    why = [f"ranks up to {max(kv.lora_ranks)}"] if kv.rank_for(rank) is None else []
+    why += [f"requests up to {ctx:,} tokens"] if tokens > ctx else []
+    return f"{kind.name} serves {' and '.join(why)}"
+
+
+def _nobody_count(n: int) -> str:
+    return f" ({n - 1:,} other adapter(s) likewise)" if n > 1 else ""
+
+
 @dataclass
 class KindPack:
     """A kind's packing of some adapters (``members``: ascending indices into the whole workload)."""
@@ -146,10 +158,11 @@ class PoolPlanner:
         self.servable = {k.name: servable(workload, self.ins, self.outs, k.profile) for k in pool.kinds}
         nobody = ~np.logical_or.reduce(list(self.servable.values()))
         if nobody.any():
-            a = ads[int(np.flatnonzero(nobody)[0])]
-            raise BadInputError(f"adapter {a.adapter_id} (rank {a.rank}, requests of {self.ins[nobody][0]:g} + "
-                                f"{self.outs[nobody][0]:g} tokens) cannot be served by any kind of the pool "
-                                f"({', '.join(k.name for k in pool.kinds)}): add a kind whose profile serves it")
+            i = int(np.flatnonzero(nobody)[0])
+            raise BadInputError(f"adapter {ads[i].adapter_id} (rank {ads[i].rank}, requests of {self.ins[i]:g} + "
+                                f"{self.outs[i]:g} tokens) cannot be served by any kind of the pool ("
+                                + "; ".join(_why_not(k, ads[i].rank, self.ins[i] + self.outs[i]) for k in pool.kinds)
+                                + f"): add a kind whose profile serves it{_nobody_count(int(nobody.sum()))}")
         self._packed: dict[tuple[str, bytes, bool, bool], KindPack] = {}
         #: Per kind with a count: GPUs its judging added to a mix's packing that then came out over the count;
         #: mixes formed later keep that much room (:meth:`room`).

@@ -124,7 +124,7 @@ def test_pool_refuses_what_the_pool_decides_and_adapters_no_kind_serves(tmp_path
                                                                                    "4").output
     (tmp_path / "cpu.yaml").write_text(f"kinds: [{{name: cpu, profile: {CPU}, price_per_hour: 1}}]")
     res = plan(WL, "--pool", tmp_path / "cpu.yaml")
-    assert res.exit_code == 2 and "cannot be served by any kind of the pool (cpu)" in res.output
+    assert res.exit_code == 2 and "cannot be served by any kind of the pool (cpu serves ranks up to 16)" in res.output
 
 
 def test_a_plan_of_one_profile_names_no_kind(tmp_path):
