@@ -188,12 +188,12 @@ def placement_view(placement, profile, fmt: str, as_json: bool, model: str | Non
     """``placement`` as the :func:`render_options` ask; `plan` and `replan` render it before writing the plan, so
     options it refuses (a --name, ports past 65535) leave no file behind. The manifests' image defaults to the
     vLLM release of ``profile``, or in a pool plan of each kind's profile."""
-    from twin import load_profile
+    from twin import recorded_profile
 
     fmt = "json" if as_json else fmt
     kinds = placement.kinds()
     if image is None and kinds and fmt in MANIFEST_FORMATS:
-        image = {name: _vllm_image(load_profile(kinds[name]["profile_id"]))
+        image = {name: _vllm_image(recorded_profile(kinds[name]))
                  for name in {inst.kind for inst in placement.instances}}
     image = image or _vllm_image(profile)
     return render(placement, fmt, launch_model(fmt, model, profile.model), port_base, adapter_dir, image, manifest_name)

@@ -28,7 +28,7 @@ from planner.verdict import (
 from twin.errors import BadInputError, ProfileError
 from twin.policies.memory import kv_capacity
 from twin.policies.spec import PolicySpec, policy_record
-from twin.profile import Profile, load_profile
+from twin.profile import Profile, recorded_profile
 from twin.workload import Adapter, Workload
 
 
@@ -178,7 +178,7 @@ def evaluate_pool(placement: Placement, workload: Workload,
     judged: dict[str, InstanceEvaluation] = {}
     kinds = []
     for kind, part in placement.by_kind():
-        profile = load_profile(kind["profile_id"])
+        profile = recorded_profile(kind)
         bar, run = judge(part, profile)
         try:  # the whole workload: the kind's part takes its adapters' traffic (none where all are missing)
             ev = evaluate_placement(part, workload, profile, bar, run, policy, progress)

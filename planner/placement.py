@@ -96,8 +96,11 @@ class Placement:
             if not insts:
                 continue
             placed = {a for i in insts for a in i.adapters}
-            inputs = {k: v for k, v in self.inputs.items() if k not in ("pool", "confirmation", "lower_bound")}
+            inputs = {k: v for k, v in self.inputs.items()
+                      if k not in ("pool", "confirmation", "lower_bound", "profile_path")}
             inputs["profile_id"] = kind["profile_id"]
+            if kind.get("profile_path"):
+                inputs["profile_path"] = kind["profile_path"]
             if kind.get("confirmation") is not None:
                 inputs["confirmation"] = kind["confirmation"]
             parts.append((kind, Placement(inputs, insts, [a for a in self.adapters if a["adapter_id"] in placed],
@@ -242,6 +245,7 @@ def plan_inputs(workload_path, req: PackRequest, algorithm: str) -> dict[str, An
             "length_cv": req.profile.default_length_cv,
         },
         "profile_id": req.profile.profile_id,
+        **({} if req.profile.path is None else {"profile_path": req.profile.path}),
         **({} if policy is None else {"policy": policy}),
         "predictor": {"kind": pred.kind, "id": getattr(pred, "artifact_id", None), "edge": req.edge},
         "algorithm": algorithm, "headroom": req.headroom, "seed": req.seed,

@@ -696,6 +696,9 @@ def pool_placement(workload_path, planner: PoolPlanner, parts: list[tuple[Kind, 
             records[kind.name]["confirmation"] = confirmation
     first = parts[0][0] if parts else planner.pool.reference
     inputs["profile_id"] = first.profile.profile_id
+    inputs.pop("profile_path", None)
+    if first.profile.path is not None:
+        inputs["profile_path"] = first.profile.path
     if parts and parts[0][2] is not None:
         inputs["confirmation"] = parts[0][2]
     inputs["pool"] = {"path": planner.pool.path, "sha256": planner.pool.sha256, "kinds": list(records.values()),
@@ -705,7 +708,9 @@ def pool_placement(workload_path, planner: PoolPlanner, parts: list[tuple[Kind, 
 
 
 def kind_record(kind: Kind) -> dict[str, Any]:
-    """The kind as a plan records it (``inputs.pool.kinds``): its profile by id, and its engine settings."""
-    return {"name": kind.name, "profile_id": kind.profile.profile_id, "price_per_hour": kind.price,
+    """The kind as a plan records it (``inputs.pool.kinds``): its profile by id (and file, where not shipped), and its
+    engine settings."""
+    return {"name": kind.name, "profile_id": kind.profile.profile_id,
+            **({} if kind.profile.path is None else {"profile_path": kind.profile.path}), "price_per_hour": kind.price,
             "count": kind.spec.count, "node_selector": kind.spec.selector(), "resource": kind.spec.resource,
             "engine": engine_settings(kind.profile)}

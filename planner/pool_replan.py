@@ -29,7 +29,7 @@ from planner.pool_plan import PoolPlanner, instance_prefix, pool_placement
 from planner.replan import ChurnBudget, changes, replan
 from planner.verdict import ServiceBar
 from twin.errors import InfeasibleError
-from twin.profile import Profile, load_profile
+from twin.profile import Profile, recorded_profile
 from twin.workload import Workload
 
 #: Times a re-plan empties dearer GPUs into a cheaper kind of the same profile, each from the last one's result.
@@ -40,7 +40,7 @@ def recorded_pool(previous: Placement) -> Pool:
     """The pool a plan was made over, as it recorded it (kinds, profiles, prices, counts, node selectors)."""
     kinds = tuple(Kind(GpuKind(name=k["name"], profile=k["profile_id"], price_per_hour=k["price_per_hour"],
                                count=k.get("count"), node_selector=k["node_selector"], resource=k["resource"]),
-                       load_profile(k["profile_id"])) for k in previous.kinds().values())
+                       recorded_profile(k)) for k in previous.kinds().values())
     pool = previous.inputs["pool"]
     return Pool(str(pool.get("path", "")), str(pool.get("sha256", "")), kinds)
 

@@ -229,6 +229,7 @@ class PoolKind(_Open):
 
     name: KindName
     profile_id: ProfileId
+    profile_path: str | None = None  # the file of a profile not shipped (twin.profile.recorded_profile)
     price_per_hour: Annotated[float, Field(gt=0, allow_inf_nan=False)]
     count: Annotated[int, Field(ge=1)] | None = None
     node_selector: dict[LabelKey, LabelValue]
@@ -259,6 +260,7 @@ class Inputs(_Open):
     workload: Workload
     lengths: Lengths | None = None
     profile_id: ProfileId
+    profile_path: str | None = None  # the file of a profile not shipped (twin.profile.recorded_profile)
     policy: Policy | None = None
     predictor: Predictor
     algorithm: str

@@ -1,7 +1,7 @@
 """Digital twin of one multi-LoRA vLLM V1 server (workload model, profiles, simulator)."""
 
 from twin.errors import BadInputError, InfeasibleError, LoraPlannerError, ProfileError, WorkloadError
-from twin.profile import DEFAULT_PROFILE_ID, Profile, list_profiles, load_profile
+from twin.profile import DEFAULT_PROFILE_ID, Profile, list_profiles, load_profile, recorded_profile
 from twin.simulate import SimConfig, SimResult, simulate
 from twin.workload import (
     Adapter,
@@ -35,6 +35,7 @@ __all__ = [
     "draw_requests",
     "list_profiles",
     "load_profile",
+    "recorded_profile",
     "simulate",
     "trace_requests",
 ]

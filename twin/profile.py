@@ -292,6 +292,8 @@ class Profile:
     #: slower), and ``slo_slowdown``, the same for a latency SLO's verdict, with the ``evidence`` and the
     #: ``real_runs`` it holds.
     planning: dict[str, Any] = field(default_factory=dict)
+    #: The file it was read from where that is not a shipped profile (a plan records it: :func:`recorded_profile`).
+    path: str | None = field(default=None, compare=False)
 
     def plan_grade_note(self) -> str | None:
         """Why this profile's plans are estimates rather than plans to deploy (None: it is plan-grade): its safety
@@ -386,7 +388,25 @@ def load_profile(id_or_path: str | os.PathLike = DEFAULT_PROFILE_ID) -> Profile:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ProfileError(f"{path}: cannot read profile JSON: {exc}") from None
-    return profile_from_dict(raw, where=str(path))
+    profile = profile_from_dict(raw, where=str(path))
+    own = path.resolve()
+    return profile if own.parent == profiles_dir().resolve() else replace(profile, path=str(own))
+
+
+def recorded_profile(record: dict[str, Any]) -> Profile:
+    """The profile a plan recorded (its ``inputs``, or a kind of its pool): the file it was read from where it
+    names one (a profile of the user's own), else the shipped profile of its ``profile_id``."""
+    pid, path = record.get("profile_id"), record.get("profile_path")
+    if not path:
+        return load_profile(pid)
+    if not Path(path).is_file():
+        raise ProfileError(f"the plan was made with profile {pid} read from {path}, which is not there any more: "
+                           "put it back (or, for a plan of one profile, give its file with --profile)")
+    profile = load_profile(path)
+    if profile.profile_id != pid:
+        raise ProfileError(f"{path} holds profile {profile.profile_id} now, not {pid}, which the plan was made with: "
+                           "put that one back (or, for a plan of one profile, give its file with --profile)")
+    return profile
 
 
 def write_profile(path: str | os.PathLike, data: dict[str, Any]) -> Profile:
