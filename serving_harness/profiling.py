@@ -54,7 +54,7 @@ from serving_harness.machine import machine_facts
 from serving_harness.metrics import cache_config, parse_prometheus
 from serving_harness.synth import ModelShape, model_shape, write_adapters
 from twin.atomic import write_json_atomic
-from twin.errors import BadInputError
+from twin.errors import BadInputError, EngineStartError
 from twin.profile import SCHEMA_VERSION, profile_from_dict, write_profile
 from twin.workload import Adapter, Workload, trace_requests
 
@@ -270,7 +270,7 @@ class Profiler:
         with self._engine(config, name) as engine:
             started = self._start(engine, name, next(iter(todo)))
             if not started.ok:
-                raise RuntimeError(f"engine {name} did not start ({started.status}): {started.message}")
+                raise _not_started(name, started)
             self.warm_up(engine.base_url, [n for n, _ in config.adapters])
             for key, fn in todo.items():
                 self.lease.need(experiment_estimate_s(key, self.spec.device), f"experiment {key}")
@@ -289,10 +289,14 @@ class Profiler:
         return names
 
     def kv_point(self, name: str, config: EngineConfig) -> dict:
-        if (done := self._done(name)) is not None:
+        # Out of memory at a KV point with LoRA is what it measures; any other failure is not, and would fail the
+        # next engine alike: it stops the profile unsaved (a rerun tries it again, as it does one saved before).
+        if (done := self._done(name)) is not None and _measured(done.get("status"), config):
             return done
         with self._engine(config, name) as engine:
             started = self._start(engine, name, name)
+            if not _measured(started.status, config):
+                raise _not_started(name, started)
             row = {"a_max": config.max_loras, "max_lora_rank": config.max_lora_rank, "enable_lora": config.enable_lora,
                    **_start_fields(started)}
             if started.ok:
@@ -422,6 +426,15 @@ class Profiler:
             "backbone": self.backbone, "kv-lean": self.kv_size, "prefill": self.prefill,
             "lora": lambda url: self.lora(url, lat_names), "load-lean": lambda url: self.load(url, names),
             f"sched-r{top}": lambda url: self.sched(url, names[top][:a], names[top][a])})
+
+
+def _measured(status: str | None, config: EngineConfig) -> bool:
+    return status == "ok" or (status == "memory_error" and config.enable_lora)
+
+
+def _not_started(name: str, started: StartResult) -> EngineStartError:
+    return EngineStartError(f"engine {name} did not start ({started.status}): {started.message} (log: "
+                            f"{started.log_path}); what was measured is kept: fix that, then rerun the same command")
 
 
 def _start_fields(started: StartResult) -> dict:

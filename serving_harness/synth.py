@@ -115,6 +115,16 @@ def model_shape(name_or_config: str | os.PathLike) -> ModelShape:
     return ModelShape(**kwargs)
 
 
+def model_context(model_dir: str | os.PathLike) -> int | None:
+    """The longest sequence a model directory's config.json allows (None: it does not say, or scales RoPE past it)."""
+    try:
+        raw = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    context = raw.get("max_position_embeddings") if isinstance(raw, dict) and not raw.get("rope_scaling") else None
+    return context if isinstance(context, int) and context > 0 else None
+
+
 def _save_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
     from safetensors.numpy import save
 

@@ -44,7 +44,7 @@ from serving_harness.metrics import wait_idle
 from serving_harness.speed_probe import real_probe_itl_ms, speed_vs_profile
 from serving_harness.synth import model_shape, write_adapters
 from twin.atomic import json_safe, recorded_path, write_bytes_atomic, write_json_atomic, write_text_atomic
-from twin.errors import BadInputError
+from twin.errors import BadInputError, EngineStartError
 from twin.metrics import smape, smape_within_groups
 from twin.profile import Profile, artifacts_dir, profiles_dir, write_profile
 from twin.simulate import SimConfig, simulate
@@ -248,7 +248,9 @@ class Validator:
                 started = engine.start()
                 lease.record_start(name, started.startup_s, started.status)
                 if not started.ok:
-                    raise RuntimeError(f"validation engine A_max {a_max} rank {rank} did not start: {started.message}")
+                    raise EngineStartError(f"validation engine A_max {a_max} rank {rank} did not start "
+                                           f"({started.status}): {started.message} (log: {started.log_path}); the "
+                                           "workloads run are kept: fix that, then rerun the same command")
                 self._warm_up(engine.base_url, todo[0])
                 for case in todo:
                     lease.need(case_s, f"workload {case.case_id}")
@@ -292,6 +294,7 @@ class Validator:
             "rates_rps": [round(a.rate_rps, 4) for a in case.adapters], "input_tokens": case.adapters[0].input_tokens,
             "output_tokens": case.adapters[0].output_tokens, "lengths": case.lengths,
             "load_factor": case.load_factor, "seed": case.seed,
+            "duration_s": self.duration_s, "warmup_s": self.warmup_s,  # the window it was measured in
             "real": asdict(real),
             "real_preemptions": float(np.nanmax(preempt) - np.nanmin(preempt)) if preempt.size else None,
             "real_max_waiting_deferred": float(np.nanmax(series.column("waiting_deferred"))) if preempt.size else None,

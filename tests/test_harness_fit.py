@@ -111,6 +111,44 @@ def test_timed_experiments_follow_untimed_requests_and_done_ones_start_nothing(s
     assert events == []  # backbone.json is there: no engine
 
 
+def test_a_kv_point_keeps_an_out_of_memory_start_and_stops_at_any_other_failure(spec, tmp_path, monkeypatch):
+    """Out of memory at a KV point is its measurement; a crash is not (the next engine would crash alike), so it
+    is neither saved (a rerun tries it again) nor followed by more starts."""
+    outcome = {}
+
+    class FakeEngine:
+        base_url = "http://engine"
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        def start(self):
+            return profiling.StartResult(outcome["status"], "why", 1.0, "kv.log")
+
+    profiler = profiling.Profiler(spec, tmp_path / "w")
+    (tmp_path / "w" / "raw").mkdir(parents=True)
+    monkeypatch.setattr(profiler, "_engine", lambda config, name: FakeEngine())
+    lora = profiler.engine_config(32, 16, {"x": "/adapters/x"})
+    outcome["status"] = "memory_error"
+    assert profiler.kv_point("kv-a32-r16", lora)["status"] == "memory_error"
+    assert (tmp_path / "w" / "raw" / "kv-a32-r16.json").is_file()
+    for status in ("crashed", "bad_config", "timeout"):
+        outcome["status"] = status
+        with pytest.raises(profiling.EngineStartError, match=f"engine kv-a8-r16 did not start \\({status}\\)"):
+            profiler.kv_point("kv-a8-r16", profiler.engine_config(8, 16, {"x": "/adapters/x"}))
+        assert not (tmp_path / "w" / "raw" / "kv-a8-r16.json").exists()
+    outcome["status"] = "memory_error"  # the engine without LoRA must start: every point is measured against it
+    with pytest.raises(profiling.EngineStartError, match="kv-nolora"):
+        profiler.kv_point("kv-nolora", replace(lora, enable_lora=False))
+    (tmp_path / "w" / "raw" / "kv-a8-r16.json").write_text('{"status": "crashed"}')  # saved by older code
+    outcome["status"] = "ok"
+    monkeypatch.setattr(profiler, "kv_size", lambda url: {"kv_tokens": 4096})
+    assert profiler.kv_point("kv-a8-r16", profiler.engine_config(8, 16, {"x": "/adapters/x"}))["kv_tokens"] == 4096
+
+
 def test_a_work_dir_resumes_only_measurements_of_the_same_settings(spec, tmp_path):
     work = tmp_path / "w"
     (work / "raw").mkdir(parents=True)

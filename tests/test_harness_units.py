@@ -148,6 +148,12 @@ def test_startup_failures_are_classified_from_the_log():
     status, msg = engine.classify_failure("x\nValueError: LoRA rank 64 is greater than max_lora_rank 16.\n")
     assert status == "bad_config" and "max_lora_rank 16" in msg
     assert engine.classify_failure("boom\nRuntimeError: weird\nshutting down\n") == ("crashed", "RuntimeError: weird")
+    pydantic = ("pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig\n"
+                "  Value error, User-specified max_model_len (5000) is greater than the derived max_model_len "
+                "(max_position_embeddings=4096 in model's config.json). [type=value_error]\n"
+                "    For further information visit https://errors.pydantic.dev/2.12/v/value_error\n")
+    status, msg = engine.classify_failure(pydantic)
+    assert status == "bad_config" and "for ModelConfig: Value error, User-specified max_model_len (5000)" in msg
     assert engine.kv_tokens_from_log("[x] CPU KV cache size: 131,072 tokens, Maximum") == 131072
 
 
@@ -160,17 +166,19 @@ def test_engine_that_exits_at_once_is_a_crashed_result_and_leaves_no_process(tmp
     assert result.status == "crashed" and result.message == "no output" and not result.ok
 
 
-def test_an_engine_gives_vllm_a_socket_dir_it_removes_when_stopped(tmp_path):
-    """vLLM leaves its IPC sockets in the temp dir when killed; the engine points them at a dir of its own."""
+def test_an_engine_gives_vllm_a_temp_dir_it_removes_when_stopped(tmp_path):
+    """vLLM leaves IPC sockets and rendezvous files in the temp dir when stopped; the engine gives it a temp dir
+    of its own, and keeps torch's compile cache where it was."""
     fake = tmp_path / "python"
-    fake.write_text('#!/bin/sh\necho "$VLLM_RPC_BASE_PATH" > "$0.dir"\n'
-                    '[ -n "$VLLM_RPC_BASE_PATH" ] && touch "$VLLM_RPC_BASE_PATH/sock"\nsleep 30\n')
+    fake.write_text('#!/bin/sh\necho "$VLLM_RPC_BASE_PATH $TMPDIR $TORCHINDUCTOR_CACHE_DIR" > "$0.dirs"\n'
+                    '[ -n "$TMPDIR" ] && touch "$TMPDIR/vllm_dist_x"\nsleep 30\n')
     fake.chmod(0o755)
     with engine.Engine(engine.EngineConfig(model=str(tmp_path)), tmp_path / "log.txt", startup_timeout_s=1.5,
                        python=str(fake)) as e:
         assert e.start().status == "timeout"
-    ipc_dir = Path((tmp_path / "python.dir").read_text().strip())
-    assert ipc_dir.name.startswith("vllm-ipc-") and not ipc_dir.exists()
+    rpc, tmp, inductor = (tmp_path / "python.dirs").read_text().split()
+    assert rpc == tmp and Path(tmp).name.startswith("vllm-tmp-") and not Path(tmp).exists()
+    assert Path(inductor).name.startswith("torchinductor_") and Path(inductor).parent != Path(tmp)
 
 
 def _answering_server(model_ids):
@@ -354,6 +362,59 @@ def test_validate_reruns_another_work_dirs_workloads_and_keeps_records_held_apar
     res = CliRunner().invoke(cli_harness.rescore, ["--profile", "cpu-2core-tiny-llama", "--work-dir",
                                                    str(rerun_of_calibration), "--record"])
     assert res.exit_code == 2 and "calibrated" in res.output
+    res = validate("--duration", "5", "--warmup", "5", "--work-dir", str(tmp_path / "w"))
+    assert res.exit_code == 2 and "must be longer than --warmup" in res.output and not (tmp_path / "w").exists()
+
+
+def test_validate_workloads_of_a_dir_run_on_fewer_engines_takes_its_engines(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from planner import cli_harness
+    from serving_harness.validation import Validator
+    from twin.profile import load_profile
+
+    model = synth.write_model(tmp_path / "m", synth.ModelShape(), weights=False)
+    Validator(load_profile("cpu-2core-tiny-llama"), str(model), tmp_path / "first", engines=2).workload_set(3, 11)
+
+    class Ran(Exception):
+        pass
+
+    def run(self, cases):
+        raise Ran(self.engines, len(cases))
+
+    monkeypatch.setattr(Validator, "run", run)
+
+    def validate(*args):
+        return CliRunner().invoke(cli_harness.validate, ["--profile", "cpu-2core-tiny-llama", "--model", str(model),
+                                                         "--workloads-of", str(tmp_path / "first"), *args])
+
+    res = validate("--work-dir", str(tmp_path / "fresh"))  # was refused: "holds runs of 3 workloads"
+    assert isinstance(res.exception, Ran) and res.exception.args == (2, 3), res.output
+    res = validate("--engines", "3", "--work-dir", str(tmp_path / "other"))
+    assert res.exit_code == 2 and "--engines 3" in res.output
+
+
+def test_stored_runs_are_scored_in_the_window_they_record(tmp_path):
+    from click.testing import CliRunner
+
+    from planner import cli_harness
+    from serving_harness.window import UNRECORDED, run_window
+
+    assert run_window([{"a": 1}], None, None, "d") == UNRECORDED  # runs made before they recorded it
+    assert run_window([{"a": 1}], 10.0, 2.0, "d") == (10.0, 2.0)
+    made = [{"duration_s": 10.0, "warmup_s": 2.0}] * 2
+    assert run_window(made, None, None, "d") == (10.0, 2.0) == run_window(made, 10.0, None, "d")
+    with pytest.raises(BadInputError, match="were made with --duration 10; leave --duration out"):
+        run_window(made, 30.0, None, "d")
+    with pytest.raises(BadInputError, match="different windows"):
+        run_window([*made, {"duration_s": 30.0, "warmup_s": 5.0}], None, None, "d")
+    with pytest.raises(BadInputError, match="must be longer than --warmup"):
+        run_window([{"a": 1}], 30.0, 30.0, "d")
+    (tmp_path / "cases").mkdir()
+    (tmp_path / "cases" / "v00.json").write_text(json.dumps({"case_id": "v00", **made[0]}))
+    res = CliRunner().invoke(cli_harness.rescore, ["--profile", "cpu-2core-tiny-llama", "--work-dir", str(tmp_path),
+                                                   "--duration", "30"])
+    assert res.exit_code == 2 and "were made with --duration 10" in res.output
 
 
 def test_cuda_engines_skip_the_flashinfer_sampler_unless_told():
@@ -428,7 +489,8 @@ def test_profile_on_cuda_sizes_its_batches_for_a_gpu(tmp_path, monkeypatch):
         raise SystemExit(0)
 
     monkeypatch.setattr(profiling, "profile_engine", fake_profile_engine)
-    model = synth.write_model(tmp_path / "m", synth.ModelShape(), weights=False)
+    monkeypatch.setattr(engine, "check_device", lambda device: None)  # as on a machine with a GPU
+    model = synth.write_model(tmp_path / "m", synth.ModelShape(max_position_embeddings=8192), weights=False)
     common = ["--model", str(model), "--out", str(tmp_path / "p.json"), "--work-dir", str(tmp_path / "w")]
 
     def spec(*args):
@@ -465,6 +527,14 @@ def test_profile_on_cuda_sizes_its_batches_for_a_gpu(tmp_path, monkeypatch):
     assert res.exit_code == 2 and "two lengths or more" in res.output
     res, mine = spec("--prompt-lengths", "64,32", "--decode-tokens", "30")
     assert res.exit_code == 0 and (mine.prompt_lengths, mine.decode_tokens) == ((32, 64), 30)
+    # Refused before any engine starts, where they failed after (or every engine did):
+    for args, words in ((["--max-model-len", "9000"], "above the 8192 tokens the model allows"),
+                        (["--a-max-points", "32,8,1"], "--a-max-points must increase"),
+                        (["--duration", "5", "--warmup", "5"], "must be longer than --warmup 5 s"),
+                        (["--out", "/dev/null"], "is a character device"),
+                        (["--out", str(model / "config.json" / "p.json")], "a file stands where its directory")):
+        res, ran = spec(*args)
+        assert res.exit_code == 2 and words in res.output and ran is None, (args, res.output)
 
 
 def test_machine_facts_name_the_gpu_nvidia_smi_reports(tmp_path, monkeypatch):

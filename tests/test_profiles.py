@@ -84,3 +84,10 @@ def test_the_shipped_profiles_say_which_are_plan_grade_and_plans_of_the_others_s
                                     "h100-80gb-llama-3.1-8b"])
     assert res.exit_code == 0 and "note: profile h100-80gb-llama-3.1-8b is not plan-grade: its safety margin rests " \
                                   "on 5 real runs" in res.output, res.output
+
+
+def test_an_install_without_the_shipped_profiles_says_where_it_looked(tmp_path, monkeypatch):
+    monkeypatch.setenv("LORA_PLANNER_ARTIFACTS", str(tmp_path))
+    for call in (list_profiles, lambda: load_profile("h100-64gb-llama-3.1-8b")):
+        with pytest.raises(ProfileError, match=f"no shipped profiles: {tmp_path}/profiles is not there"):
+            call()

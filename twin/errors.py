@@ -31,6 +31,11 @@ class InfeasibleError(LoraPlannerError):
     exit_code = 3
 
 
+class EngineStartError(LoraPlannerError):
+    """A real vLLM engine did not start for another reason than memory: its log says why; what was measured
+    before is kept, and the same command, rerun once that is fixed, resumes."""
+
+
 class OutOfTimeError(LoraPlannerError):
     """A time budget (a GPU lease's ``--deadline``) would run out before the next step: the work done is
     saved and the same command, rerun, resumes it."""

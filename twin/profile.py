@@ -365,7 +365,16 @@ def profiles_dir() -> Path:
 
 
 def list_profiles() -> list[Profile]:
+    _check_shipped()
     return [load_profile(p) for p in sorted(profiles_dir().glob("*.json"))]
+
+
+def _check_shipped() -> None:
+    """The shipped profiles are where the code looks for them: the repository's artifacts/ beside the package (an
+    install that copied the code alone has none)."""
+    if not profiles_dir().is_dir():
+        raise ProfileError(f"no shipped profiles: {profiles_dir()} is not there (install from a clone of the repository "
+                           "with `pip install -e .`, or set LORA_PLANNER_ARTIFACTS to its artifacts/ directory)")
 
 
 DEFAULT_PROFILE_ID = "h100-64gb-llama-3.1-8b"
@@ -382,6 +391,7 @@ def load_profile(id_or_path: str | os.PathLike = DEFAULT_PROFILE_ID) -> Profile:
     if not path.is_file():
         path = profiles_dir() / f"{id_or_path}.json"
         if not path.is_file():
+            _check_shipped()
             known = ", ".join(p.stem for p in sorted(profiles_dir().glob("*.json"))) or "none"
             raise ProfileError(f"unknown profile '{id_or_path}' (shipped profiles: {known}; or give a .json path)")
     try:
