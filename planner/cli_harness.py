@@ -308,6 +308,7 @@ def validate(profile_id, model_dir, cases, duration, warmup, seed, work_dir, wor
 
     check_window(duration, warmup)
     prof = load_profile(profile_id)
+    out = _table_dir(prof, out_dir)
     saved = stored_workloads(workloads_of) if workloads_of else None
     if saved:
         kv = saved.get("kv_cache") or {}
@@ -330,7 +331,7 @@ def validate(profile_id, model_dir, cases, duration, warmup, seed, work_dir, wor
     if saved:
         validator.adopt_workloads(saved, workloads_of)
     rows = validator.compare(validator.run(validator.workload_set(cases, seed)))
-    _write_table(profile_id, prof, rows, out_dir, duration, warmup, seed, record, as_json)
+    _write_table(profile_id, prof, rows, out, duration, warmup, seed, record, as_json)
 
 
 def _pct(value: float) -> str:
@@ -338,12 +339,22 @@ def _pct(value: float) -> str:
     return f"{value:6.2f} %" if math.isfinite(value) else "   n/a  "
 
 
-def _write_table(profile_id, prof, rows, out_dir, duration, warmup, seed, record, as_json) -> None:
-    """Report the compared ``rows`` (table, CSV, plot; the summary in the profile with ``record``) and print."""
-    from serving_harness.validation import record_summary, report, run_meta
+def _table_dir(prof, out_dir) -> Path:
+    """Where the table goes (``--out-dir``, else the profile's under artifacts/validation), checked before any run."""
+    from twin.errors import BadInputError
     from twin.profile import artifacts_dir
 
     out = Path(out_dir) if out_dir else artifacts_dir() / "validation" / prof.profile_id
+    if any(p.exists() and not p.is_dir() for p in (out, *out.parents)):
+        raise BadInputError(f"--out-dir {out}: not a directory (or under a file); give a directory")
+    return out
+
+
+def _write_table(profile_id, prof, rows, out, duration, warmup, seed, record, as_json) -> None:
+    """Report the compared ``rows`` under ``out`` (table, CSV, plot; the summary in the profile with ``record``) and
+    print."""
+    from serving_harness.validation import record_summary, report, run_meta
+
     summary = report(rows, out, prof.profile_id, run_meta(_command_line(), duration, warmup, seed))
     if record:
         record_summary(profile_id, prof, summary, out / "table.json", _command_line())
@@ -450,10 +461,11 @@ def rescore(profile_id, work_dir, out_dir, duration, warmup, record, as_json) ->
     from twin.profile import load_profile
 
     prof, work = load_profile(profile_id), Path(work_dir)
+    out = _table_dir(prof, out_dir)
     seed = stored_seed(work)
     if record:
         refuse_calibration_workloads(prof, seed, str(work))
     stored = stored_rows(prof, work)
     duration, warmup = run_window(stored, duration, warmup, str(work))
     rows = compare(prof, work, stored, duration, warmup)
-    _write_table(profile_id, prof, rows, out_dir, duration, warmup, seed, record, as_json)
+    _write_table(profile_id, prof, rows, out, duration, warmup, seed, record, as_json)

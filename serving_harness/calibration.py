@@ -83,7 +83,11 @@ def recorded_run(work_dir: Path, row: dict, duration_s: float, warmup_s: float) 
     afresh from the stored requests (not taken from ``row``, which has those of the day it ran), plus
     the engine-timed ITL from the stored metrics."""
     runs = work_dir / "runs"
-    records = RunRecords.from_parquet(runs / f"{row['case_id']}-requests.parquet")
+    stored = runs / f"{row['case_id']}-requests.parquet"
+    if not stored.is_file():
+        raise BadInputError(f"{work_dir}: case {row['case_id']} has no {stored.name} in runs/ (a copy without its "
+                            "requests?); restore it, or remove the case's cases/*.json")
+    records = RunRecords.from_parquet(stored)
     workload = Workload(tuple(Adapter(name, rank, rate) for name, rank, rate in
                               zip(row["adapter_ids"], row["ranks"], row["rates_rps"])))
     arrival = records.engine_arrival_s
@@ -233,7 +237,12 @@ def recalibrate(path: str | Path, command: str, runs_dirs: Sequence[str | Path] 
     Several work dirs — the same calibration workloads run on different days, say — are fitted as one
     set, so that the fit describes the machine's usual speed rather than one day's; they must share a
     workload seed, which `planner validate --record` then refuses."""
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise BadInputError(f"{path}: cannot read profile JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise BadInputError(f"{path}: a profile JSON is an object, not {type(data).__name__}")
     previous = data.get("provenance", {}).get("calibration")
     micro = (data.get("step_latency_variants") or {}).get("microbenchmarks")
     if previous is None:
@@ -253,8 +262,9 @@ def recalibrate(path: str | Path, command: str, runs_dirs: Sequence[str | Path] 
         raise BadInputError(f"{path}: its calibration records no runs; pass --runs")
     same_runs = {d.resolve() for d in dirs} == {d.resolve() for d in before}
     for d in dirs:
-        if not (d / "cases").is_dir():
-            raise BadInputError(f"{d}: no stored calibration runs (cases/ and runs/ of `planner profile`)")
+        if not (d / "cases").is_dir() or not any((d / "cases").glob("*.json")):
+            raise BadInputError(f"{d}: no stored calibration runs (cases/*.json and runs/ of `planner profile` or "
+                                "`planner validate`)")
     seeds = {stored_seed(d) for d in dirs}  # the runs fitted may be another set than before
     if len(seeds) > 1:
         raise BadInputError("--runs: pool runs of one workload set; these were drawn with seeds "

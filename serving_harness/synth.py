@@ -107,6 +107,8 @@ def model_shape(name_or_config: str | os.PathLike) -> ModelShape:
     except (OSError, ValueError) as exc:
         raise BadInputError(f"{config}: not a model shape name ({', '.join(SHAPES)}) nor a readable "
                             f"config.json: {exc}") from None
+    if not isinstance(raw, dict):
+        raise BadInputError(f"{config}: a model config is a JSON object, not {type(raw).__name__}")
     fields = ModelShape.__dataclass_fields__
     kwargs = {k: raw[k] for k in fields if k in raw}
     if "head_dim" not in raw and "hidden_size" in raw and "num_attention_heads" in raw:

@@ -599,3 +599,32 @@ def test_a_lean_kv_grid_from_one_engine_matches_the_h100_grid():
     assert explicit == {"16": [100_000, 100_000], "32": [100_000, 100_000]}  # slots take nothing from it
     tiny = lean_kv_tokens(SHAPES["llama-3.1-8b"], replace(spec, a_max_points=(8, 400)), measured[(8, 32)], 16)
     assert tiny["32"][1] is None  # 400 slots leave no room for one max_model_len sequence: it cannot start
+
+
+def test_offline_harness_commands_refuse_bad_files_in_one_line(tmp_path):
+    """What raised tracebacks: a profile file that is no profile, runs without cases or requests, a table
+    directory that is a file, a model config that is no object."""
+    from click.testing import CliRunner
+
+    from planner import cli_harness
+
+    (tmp_path / "empty.json").write_text("")
+    (tmp_path / "list.json").write_text("[1]")
+    for bad, words in (("empty.json", "cannot read profile JSON"), ("list.json", "is an object, not list")):
+        res = CliRunner().invoke(cli_harness.calibrate, ["--profile", str(tmp_path / bad)])
+        assert res.exit_code == 2 and words in res.output, res.output
+    shipped = Path(__file__).resolve().parents[1] / "artifacts" / "profiles" / "cpu-2core-tiny-llama.json"
+    mine = tmp_path / "mine.json"
+    mine.write_text(shipped.read_text())
+    (tmp_path / "runs" / "cases").mkdir(parents=True)
+    res = CliRunner().invoke(cli_harness.calibrate, ["--profile", str(mine), "--runs", str(tmp_path / "runs")])
+    assert res.exit_code == 2 and "no stored calibration runs" in res.output, res.output
+    (tmp_path / "runs" / "cases" / "v00.json").write_text(json.dumps({"case_id": "v00", "adapter_ids": ["a"]}))
+    res = CliRunner().invoke(cli_harness.rescore, ["--profile", str(mine), "--work-dir", str(tmp_path / "runs"),
+                                                   "--out-dir", str(tmp_path / "t")])
+    assert res.exit_code == 2 and "case v00 has no v00-requests.parquet in runs/" in res.output, res.output
+    res = CliRunner().invoke(cli_harness.rescore, ["--profile", str(mine), "--work-dir", str(tmp_path / "runs"),
+                                                   "--out-dir", "/dev/null"])
+    assert res.exit_code == 2 and "not a directory" in res.output, res.output
+    with pytest.raises(BadInputError, match="a model config is a JSON object, not list"):
+        synth.model_shape(tmp_path / "list.json")
