@@ -266,7 +266,8 @@ def profile(device, model_dir, out, profile_id, work_dir, kv_cache_bytes, gpu_me
                    "and --kv-cache-memory-bytes): "
                    "how far two real runs differ, or calibration runs redone on today's machine.")
 @click.option("--out-dir", type=click.Path(file_okay=False), default=None,
-              help="table.json, table.csv, twin_vs_real.png [default: artifacts/validation/ID].")
+              help="table.json, table.csv, twin_vs_real.png [default: with --record artifacts/validation/ID, the "
+                   "table the profile's record points to; else WORK_DIR/table].")
 @click.option("--python", "python", default=None, help="Python that has vLLM [default: this one].")
 @click.option("--gpu", type=click.IntRange(min=0), default=None,
               help="CUDA device index for a CUDA profile [default: the one it was profiled on].")
@@ -308,7 +309,6 @@ def validate(profile_id, model_dir, cases, duration, warmup, seed, work_dir, wor
 
     check_window(duration, warmup)
     prof = load_profile(profile_id)
-    out = _table_dir(prof, out_dir)
     saved = stored_workloads(workloads_of) if workloads_of else None
     if saved:
         kv = saved.get("kv_cache") or {}
@@ -326,6 +326,7 @@ def validate(profile_id, model_dir, cases, duration, warmup, seed, work_dir, wor
     if not model or not Path(model).is_dir():
         raise BadInputError(f"model directory {model!r} not found; pass --model (e.g. from `planner synth`)")
     work = Path(work_dir) if work_dir else Path("validation-work") / prof.profile_id
+    out = _table_dir(prof, out_dir, record, work)
     validator = Validator(prof, str(Path(model)), work, duration, warmup, python, counter("validating", unit="case"), gpu,
                           deadline=parse_deadline(deadline), engines=engines or 0, kv_cache_bytes=kv_cache_bytes)
     if saved:
@@ -339,12 +340,15 @@ def _pct(value: float) -> str:
     return f"{value:6.2f} %" if math.isfinite(value) else "   n/a  "
 
 
-def _table_dir(prof, out_dir) -> Path:
-    """Where the table goes (``--out-dir``, else the profile's under artifacts/validation), checked before any run."""
+def _table_dir(prof, out_dir, record: bool, work: Path) -> Path:
+    """Where the table goes, checked before any run: ``--out-dir``, else with ``--record`` the profile's under
+    artifacts/validation (the table its record points to), else the work dir's ``table/`` (a table written there
+    without the record would no longer be the one the profile records)."""
     from twin.errors import BadInputError
     from twin.profile import artifacts_dir
 
-    out = Path(out_dir) if out_dir else artifacts_dir() / "validation" / prof.profile_id
+    default = artifacts_dir() / "validation" / prof.profile_id if record else work / "table"
+    out = Path(out_dir) if out_dir else default
     if any(p.exists() and not p.is_dir() for p in (out, *out.parents)):
         raise BadInputError(f"--out-dir {out}: not a directory (or under a file); give a directory")
     return out
@@ -435,7 +439,8 @@ def calibrate(profile_path, runs_dirs, duration, warmup, as_json) -> None:
 @click.option("--work-dir", required=True, type=click.Path(exists=True, file_okay=False),
               help="A `planner validate` work dir (cases/*.json, runs/*-requests.parquet).")
 @click.option("--out-dir", type=click.Path(file_okay=False), default=None,
-              help="table.json, table.csv, twin_vs_real.png [default: artifacts/validation/ID].")
+              help="table.json, table.csv, twin_vs_real.png [default: with --record artifacts/validation/ID, the "
+                   "table the profile's record points to; else WORK_DIR/table].")
 @click.option("--duration", type=FiniteFloat(min=1), default=None,
               help="Seconds of arrivals per workload, for runs that do not record theirs [as the runs record; else 30].")
 @click.option("--warmup", type=FiniteFloat(min=0), default=None,
@@ -461,7 +466,7 @@ def rescore(profile_id, work_dir, out_dir, duration, warmup, record, as_json) ->
     from twin.profile import load_profile
 
     prof, work = load_profile(profile_id), Path(work_dir)
-    out = _table_dir(prof, out_dir)
+    out = _table_dir(prof, out_dir, record, work)
     seed = stored_seed(work)
     if record:
         refuse_calibration_workloads(prof, seed, str(work))

@@ -628,3 +628,15 @@ def test_offline_harness_commands_refuse_bad_files_in_one_line(tmp_path):
     assert res.exit_code == 2 and "not a directory" in res.output, res.output
     with pytest.raises(BadInputError, match="a model config is a JSON object, not list"):
         synth.model_shape(tmp_path / "list.json")
+
+
+def test_a_table_without_the_record_goes_to_the_work_dir_not_over_the_profiles(tmp_path):
+    """The table under artifacts/validation/ID is the one the profile's recorded summary points to: only --record
+    writes there by default."""
+    from planner.cli_harness import _table_dir
+    from twin.profile import artifacts_dir, load_profile
+
+    prof = load_profile("cpu-2core-tiny-llama")
+    assert _table_dir(prof, None, False, tmp_path / "w") == tmp_path / "w" / "table"
+    assert _table_dir(prof, None, True, tmp_path / "w") == artifacts_dir() / "validation" / prof.profile_id
+    assert _table_dir(prof, str(tmp_path / "mine"), True, tmp_path / "w") == tmp_path / "mine"
