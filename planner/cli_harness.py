@@ -66,6 +66,9 @@ def synth(out_dir, shape, config_only, adapter_ranks, adapters_per_rank, seed, a
         ranks = [int(r) for r in adapter_ranks.split(",") if r.strip()]
     except ValueError:
         raise BadInputError(f"--adapter-ranks must be comma-separated integers (got {adapter_ranks!r})") from None
+    if any(r < 1 for r in ranks) or (adapters_per_rank and not ranks):
+        raise BadInputError(f"--adapter-ranks must list positive ranks (got {adapter_ranks!r}; --adapters-per-rank 0 "
+                            "writes none)")
     model_shape_ = model_shape(shape)
     model = write_model(Path(out_dir) / "model", model_shape_, seed, weights=not config_only)
     names = {f"r{r}-{i}": r for r in ranks for i in range(adapters_per_rank)}

@@ -257,7 +257,7 @@ def recalibrate(path: str | Path, command: str, runs_dirs: Sequence[str | Path] 
         raise BadInputError(f"{path}: calibrated, but its 'microbenchmarks' latency variant is missing; "
                             "measure it again with `planner profile`")
     before = calibration_run_dirs(previous)
-    dirs = [Path(d) for d in runs_dirs] or before
+    dirs = list({Path(d).resolve(): Path(d) for d in runs_dirs}.values()) or before  # a directory given twice counts once
     if not dirs:
         raise BadInputError(f"{path}: its calibration records no runs; pass --runs")
     same_runs = {d.resolve() for d in dirs} == {d.resolve() for d in before}

@@ -42,7 +42,7 @@ import json
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -239,7 +239,9 @@ class Profiler:
                 if k not in ("profile_id", "model_dir")}
         mine["model_shape"] = asdict(self.shape)
         if path.is_file():
-            theirs = json.loads(path.read_text(encoding="utf-8"))
+            # a setting added since that work dir was measured reads as its default there
+            defaults = {f.name: f.default for f in fields(ProfileSpec) if f.default is not MISSING and f.name in mine}
+            theirs = {**json.loads(json.dumps(defaults)), **json.loads(path.read_text(encoding="utf-8"))}
             differ = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
             if differ:
                 raise BadInputError(f"{self.work} holds measurements made with other settings ("

@@ -163,9 +163,11 @@ def test_offline_calibrate_and_rescore_from_stored_runs(tmp_path, make_profile):
     other = tmp_path / "other-calibration"
     store_runs(other, synthetic_runs(prof, 20))
     (other / "workloads.json").write_text(json.dumps({"count": 3, "seed": 8, "cases": []}), encoding="utf-8")
-    out = runner.invoke(planner_cli, ["calibrate", "--profile", str(path), "--runs", str(other)])
+    out = runner.invoke(planner_cli, ["calibrate", "--profile", str(path), "--runs", str(other), "--runs",
+                                      str(other / "." / "")])  # one directory given twice counts once
     assert out.exit_code == 0, out.output
-    assert json.loads(path.read_text(encoding="utf-8"))["provenance"]["calibration"]["seed"] == 8
+    fit = json.loads(path.read_text(encoding="utf-8"))["provenance"]["calibration"]
+    assert fit["seed"] == 8 and fit["runs"] == str(other)
     unknown = tmp_path / "unknown-seed"  # runs without workloads.json: no seed recorded rather than another set's
     store_runs(unknown, synthetic_runs(prof, 30))
     out = runner.invoke(planner_cli, ["calibrate", "--profile", str(path), "--runs", str(unknown)])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import numpy as np
@@ -171,6 +172,29 @@ def test_a_work_dir_resumes_only_measurements_of_the_same_settings(spec, tmp_pat
     with pytest.raises(profiling.BadInputError, match="backbone.json but no spec.json"):
         profiling.Profiler(spec, unknown).check_resumable()
     assert not (unknown / "spec.json").exists()
+
+
+def test_a_work_dir_of_a_version_without_a_newer_setting_resumes_at_its_default(spec, tmp_path):
+    work = tmp_path / "w"
+    (work / "raw").mkdir(parents=True)
+    profiling.Profiler(spec, work).check_resumable()
+    older = json.loads((work / "spec.json").read_text())
+    del older["lean"]  # written before --lean existed
+    (work / "spec.json").write_text(json.dumps(older))
+    profiling.Profiler(spec, work).check_resumable()
+    with pytest.raises(profiling.BadInputError, match="lean: False there, True now"):
+        profiling.Profiler(replace(spec, lean=True, latency_rank=max(spec.lora_ranks)), work).check_resumable()
+
+
+def test_synth_refuses_ranks_it_cannot_write_before_writing_anything(tmp_path):
+    from click.testing import CliRunner
+
+    from planner import cli_harness
+
+    for ranks in ("0", "", "8,-1"):
+        res = CliRunner().invoke(cli_harness.synth, ["--out", str(tmp_path / "s"), "--adapter-ranks", ranks])
+        assert res.exit_code == 2 and "--adapter-ranks must list positive ranks" in res.output, res.output
+    assert not (tmp_path / "s").exists()
 
 
 def test_validation_cases_span_regimes_and_differ_by_seed(make_profile):
