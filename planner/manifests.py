@@ -146,8 +146,9 @@ def manifests(p: Placement, fmt: str, image: str | dict[str, str], model: str, a
     if fmt not in FORMATS:
         raise BadInputError(f"unknown manifest format '{fmt}'; choose one of {', '.join(FORMATS)}")
     check_prefix(prefix)
-    if not PurePosixPath(adapter_dir).is_absolute():
-        raise BadInputError(f"--adapter-dir {adapter_dir!r} must be an absolute path inside the container")
+    if not PurePosixPath(adapter_dir).is_absolute() or len(PurePosixPath(posixpath.normpath(adapter_dir)).parts) < 2:
+        raise BadInputError(f"--adapter-dir {adapter_dir!r} must be an absolute path below / inside the container (a "
+                            "volume mounted at / would hide the image's own files)")
     volumes = _volumes(model, adapter_dir)
     paths = pod_adapter_paths(p, adapter_dir, keep_urls=fmt == "aibrix")
     base = re.sub(r"[^A-Za-z0-9_.-]", "-", model.rsplit("/", 1)[-1])[:63].strip("-_.") or "model"

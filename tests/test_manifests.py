@@ -140,9 +140,10 @@ def test_aibrix_refuses_adapter_ids_that_are_not_kubernetes_names(tmp_path):
     assert r.invoke(main, ["plan", str(csv), "--out", str(tmp_path / "p.json"), "--jobs", "1"]).exit_code == 0
     res = r.invoke(main, ["render", str(tmp_path / "p.json"), "--format", "aibrix", "--model", "org/model"])
     assert res.exit_code == 2 and "not a Kubernetes name" in res.output
-    res = r.invoke(main, ["render", str(tmp_path / "p.json"), "--format", "k8s", "--model", "org/model",
-                          "--adapter-dir", "relative"])
-    assert res.exit_code == 2 and "absolute path" in res.output
+    for where in ("relative", "/", "/adapters/.."):  # mounted at /, the claim would hide the image's own files
+        res = r.invoke(main, ["render", str(tmp_path / "p.json"), "--format", "k8s", "--model", "org/model",
+                              "--adapter-dir", where])
+        assert res.exit_code == 2 and "absolute path below /" in res.output, where
 
 
 @pytest.fixture(scope="module")
@@ -208,8 +209,8 @@ def test_the_default_model_is_the_profiles_hugging_face_id_or_required(plan_with
     for bad in ("./model", "/llama", "a/b/c"):
         res = r.invoke(main, ["render", str(plan_with_paths), "--format", "k8s", "--model", bad])
         assert res.exit_code == 2 and "absolute path" in res.output, res.output
-    real = twin.load_profile
-    monkeypatch.setattr(twin, "load_profile", lambda pid: dataclasses.replace(
+    real = twin.profile.load_profile  # what the plan's recorded profile is read with
+    monkeypatch.setattr(twin.profile, "load_profile", lambda pid: dataclasses.replace(
         real(pid), model={**real(pid).model, "hf_id": "meta-llama/Llama-3.1-8B-Instruct"}))
     res = r.invoke(main, ["render", str(plan_with_paths), "--format", "vllm"])
     assert res.exit_code == 0 and "--model=meta-llama/Llama-3.1-8B-Instruct" in res.output, res.output
