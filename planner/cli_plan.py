@@ -258,7 +258,7 @@ def evaluate(placement_file, workload, profile_id, duration, seed, load, arrival
     from planner.placement import read_placement
     from planner.verdict import tightened_words
     from planner.workload_csv import read_workload
-    from twin import BadInputError, InfeasibleError, UnpredictableArrivals, load_profile, recorded_profile
+    from twin import BadInputError, InfeasibleError, UnpredictableArrivals, recorded_profile
     from twin.policies.spec import policy_label
 
     placement = read_placement(placement_file)
@@ -266,7 +266,7 @@ def evaluate(placement_file, workload, profile_id, duration, seed, load, arrival
     if pool and profile_id:
         raise BadInputError(f"{placement_file} is a pool plan: each kind's GPUs are judged on that kind's profile; "
                             "drop --profile")
-    profile = None if pool else load_profile(profile_id) if profile_id else recorded_profile(placement.inputs)
+    profile = None if pool else recorded_profile(placement.inputs, profile_id)
     wl = read_workload(workload, profile)
 
     def judge(part, prof):
@@ -397,7 +397,7 @@ def replan(workload, previous_file, out, profile_id, gpus, predictor_kind, headr
     from planner.replan import ChurnBudget, exclusive
     from planner.replan import replan as run_replan
     from planner.workload_csv import read_workload
-    from twin import load_profile, recorded_profile
+    from twin import recorded_profile
     from twin.atomic import check_writable, write_json_atomic
     from twin.policies.spec import policy_from_record
 
@@ -415,7 +415,7 @@ def replan(workload, previous_file, out, profile_id, gpus, predictor_kind, headr
                                        gpu_tolerance, fmt, as_json, model)
             profile = recorded_profile(previous.inputs)
         else:
-            profile = load_profile(profile_id) if profile_id else recorded_profile(previous.inputs)
+            profile = recorded_profile(previous.inputs, profile_id)
             launch_model("json" if as_json else fmt, model, profile.model)  # refused before any work
             wl = read_workload(workload, profile)
             policy = policy_from_record(previous.inputs.get("policy"))
@@ -526,7 +526,7 @@ def verify(placement_file, engine, duration, warmup, model, adapter_dir, synthes
         synthesize_for,
         verify_placement,
     )
-    from twin import BadInputError, InfeasibleError, load_profile, recorded_profile
+    from twin import BadInputError, InfeasibleError, recorded_profile
 
     placement = read_placement(placement_file)  # checked against its schema before anything starts
     if not placement.instances:
@@ -540,7 +540,7 @@ def verify(placement_file, engine, duration, warmup, model, adapter_dir, synthes
                             "which real vLLM does not implement; check it in the twin with `planner evaluate`, or "
                             "plan for stock vLLM (--policy vllm) to verify on real engines")
     kind, placement = kind_part(placement, kind)
-    profile = load_profile(profile_id) if profile_id else recorded_profile(placement.inputs)
+    profile = recorded_profile(placement.inputs, profile_id)
     work = Path(work_dir)
     if rejudge:
         results = rejudge_placement(placement, profile, work)
@@ -614,11 +614,11 @@ def render(placement_file, profile_id, fmt, as_json, model, adapter_dir, port_ba
     under --adapter-dir is kept; a host path is not in the pod), and a --model path from the 'lora-models'
     claim mounted at its parent directory."""
     from planner.placement import read_placement
-    from twin import BadInputError, load_profile, recorded_profile
+    from twin import BadInputError, recorded_profile
 
     placement = read_placement(placement_file)
     if placement.kinds() and profile_id:
         raise BadInputError(f"{placement_file} is a pool plan: each kind's GPUs run on that kind's profile; "
                             "drop --profile")
-    profile = load_profile(profile_id) if profile_id else recorded_profile(placement.inputs)
+    profile = recorded_profile(placement.inputs, profile_id)
     click.echo(placement_view(placement, profile, fmt, as_json, model, port_base, adapter_dir, image, manifest_name))

@@ -98,9 +98,7 @@ class Placement:
             placed = {a for i in insts for a in i.adapters}
             inputs = {k: v for k, v in self.inputs.items()
                       if k not in ("pool", "confirmation", "lower_bound", "profile_path")}
-            inputs["profile_id"] = kind["profile_id"]
-            if kind.get("profile_path"):
-                inputs["profile_path"] = kind["profile_path"]
+            inputs.update({k: kind[k] for k in ("profile_id", "profile_path") if kind.get(k)})
             if kind.get("confirmation") is not None:
                 inputs["confirmation"] = kind["confirmation"]
             parts.append((kind, Placement(inputs, insts, [a for a in self.adapters if a["adapter_id"] in placed],
@@ -244,8 +242,7 @@ def plan_inputs(workload_path, req: PackRequest, algorithm: str) -> dict[str, An
                                              for a in req.workload.adapters),
             "length_cv": req.profile.default_length_cv,
         },
-        "profile_id": req.profile.profile_id,
-        **({} if req.profile.path is None else {"profile_path": req.profile.path}),
+        **req.profile.record(),
         **({} if policy is None else {"policy": policy}),
         "predictor": {"kind": pred.kind, "id": getattr(pred, "artifact_id", None), "edge": req.edge},
         "algorithm": algorithm, "headroom": req.headroom, "seed": req.seed,

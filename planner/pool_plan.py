@@ -100,10 +100,6 @@ def _why_not(kind: Kind, rank: int, tokens: float) -> str:
     return f"{kind.name} serves {' and '.join(why)}"
 
 
-def _nobody_count(n: int) -> str:
-    return f" ({n - 1:,} other adapter(s) likewise)" if n > 1 else ""
-
-
 @dataclass
 class KindPack:
     """A kind's packing of some adapters (``members``: ascending indices into the whole workload)."""
@@ -158,11 +154,12 @@ class PoolPlanner:
         self.servable = {k.name: servable(workload, self.ins, self.outs, k.profile) for k in pool.kinds}
         nobody = ~np.logical_or.reduce(list(self.servable.values()))
         if nobody.any():
-            i = int(np.flatnonzero(nobody)[0])
+            i, others = int(np.flatnonzero(nobody)[0]), int(nobody.sum()) - 1
             raise BadInputError(f"adapter {ads[i].adapter_id} (rank {ads[i].rank}, requests of {self.ins[i]:g} + "
                                 f"{self.outs[i]:g} tokens) cannot be served by any kind of the pool ("
                                 + "; ".join(_why_not(k, ads[i].rank, self.ins[i] + self.outs[i]) for k in pool.kinds)
-                                + f"): add a kind whose profile serves it{_nobody_count(int(nobody.sum()))}")
+                                + "): add a kind whose profile serves it"
+                                + (f" ({others:,} other adapter(s) likewise)" if others else ""))
         self._packed: dict[tuple[str, bytes, bool, bool], KindPack] = {}
         #: Per kind with a count: GPUs its judging added to a mix's packing that then came out over the count;
         #: mixes formed later keep that much room (:meth:`room`).
@@ -695,10 +692,8 @@ def pool_placement(workload_path, planner: PoolPlanner, parts: list[tuple[Kind, 
         if confirmation is not None:
             records[kind.name]["confirmation"] = confirmation
     first = parts[0][0] if parts else planner.pool.reference
-    inputs["profile_id"] = first.profile.profile_id
     inputs.pop("profile_path", None)
-    if first.profile.path is not None:
-        inputs["profile_path"] = first.profile.path
+    inputs.update(first.profile.record())
     if parts and parts[0][2] is not None:
         inputs["confirmation"] = parts[0][2]
     inputs["pool"] = {"path": planner.pool.path, "sha256": planner.pool.sha256, "kinds": list(records.values()),
@@ -710,7 +705,6 @@ def pool_placement(workload_path, planner: PoolPlanner, parts: list[tuple[Kind, 
 def kind_record(kind: Kind) -> dict[str, Any]:
     """The kind as a plan records it (``inputs.pool.kinds``): its profile by id (and file, where not shipped), and its
     engine settings."""
-    return {"name": kind.name, "profile_id": kind.profile.profile_id,
-            **({} if kind.profile.path is None else {"profile_path": kind.profile.path}), "price_per_hour": kind.price,
+    return {"name": kind.name, **kind.profile.record(), "price_per_hour": kind.price,
             "count": kind.spec.count, "node_selector": kind.spec.selector(), "resource": kind.spec.resource,
             "engine": engine_settings(kind.profile)}

@@ -66,11 +66,10 @@ def calibration_run_dirs(calibration: dict) -> list[Path]:
     return [] if runs is None else [Path(r) for r in ([runs] if isinstance(runs, str) else runs)]
 
 
-def load_runs(work_dir: str | Path, duration_s: float, warmup_s: float) -> list[RecordedRun]:
-    """The runs a :class:`serving_harness.validation.Validator` saved under ``work_dir``."""
-    work = Path(work_dir)
-    return [recorded_run(work, json.loads(p.read_text(encoding="utf-8")), duration_s, warmup_s)
-            for p in sorted((work / "cases").glob("*.json"))]
+def saved_cases(work_dir: str | Path) -> list[dict]:
+    """The cases a :class:`serving_harness.validation.Validator` saved under ``work_dir`` (``cases/*.json``, in
+    order; none where there is no such directory)."""
+    return [json.loads(p.read_text(encoding="utf-8")) for p in sorted((Path(work_dir) / "cases").glob("*.json"))]
 
 
 def recorded_run(work_dir: Path, row: dict, duration_s: float, warmup_s: float) -> RecordedRun:
@@ -261,8 +260,9 @@ def recalibrate(path: str | Path, command: str, runs_dirs: Sequence[str | Path] 
     if not dirs:
         raise BadInputError(f"{path}: its calibration records no runs; pass --runs")
     same_runs = {d.resolve() for d in dirs} == {d.resolve() for d in before}
-    for d in dirs:
-        if not (d / "cases").is_dir() or not any((d / "cases").glob("*.json")):
+    cases = {d: saved_cases(d) for d in dirs}
+    for d, rows in cases.items():
+        if not rows:
             raise BadInputError(f"{d}: no stored calibration runs (cases/*.json and runs/ of `planner profile` or "
                                 "`planner validate`)")
     seeds = {stored_seed(d) for d in dirs}  # the runs fitted may be another set than before
@@ -274,10 +274,10 @@ def recalibrate(path: str | Path, command: str, runs_dirs: Sequence[str | Path] 
         seed = previous.get("seed")
     meta = {"seed": seed, "runs": str(dirs[0]) if len(dirs) == 1 else [str(d) for d in dirs], "command": command,
             "date": time.strftime("%Y-%m-%d")}
-    rows = [json.loads(p.read_text(encoding="utf-8")) for d in dirs for p in sorted((d / "cases").glob("*.json"))]
-    duration, warmup = run_window(rows, duration_s, warmup_s, ", ".join(map(str, dirs)),
+    duration, warmup = run_window([row for rows in cases.values() for row in rows], duration_s, warmup_s,
+                                  ", ".join(map(str, dirs)),
                                   (previous.get("duration_s", UNRECORDED[0]), previous.get("warmup_s", UNRECORDED[1])))
-    runs = [run for d in dirs for run in load_runs(d, duration, warmup)]
+    runs = [recorded_run(d, row, duration, warmup) for d, rows in cases.items() for row in rows]
     data = calibrated_profile({**data, "step_latency_ms": micro}, runs, duration, warmup, meta)
     data.pop("validation", None)
     return data

@@ -34,6 +34,7 @@ from serving_harness.calibration import (
     RecordedRun,
     calibration_run_dirs,
     recorded_run,
+    saved_cases,
     stored_workloads,
     twin_result,
 )
@@ -484,7 +485,7 @@ def stored_rows(profile: Profile, work_dir: Path) -> list[dict]:
     if any(d.resolve() == work_dir.resolve() for d in calibration_runs):
         raise BadInputError(f"{work_dir} holds the runs profile {profile.profile_id} was calibrated on; "
                             "validate on held-apart runs")
-    paths = sorted((work_dir / "cases").glob("*.json"))
-    if not paths:
+    rows = saved_cases(work_dir)
+    if not rows:
         raise BadInputError(f"{work_dir}: no saved cases (cases/*.json of `planner validate`)")
-    return [json.loads(p.read_text(encoding="utf-8")) for p in paths]
+    return rows

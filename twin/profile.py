@@ -295,6 +295,11 @@ class Profile:
     #: The file it was read from where that is not a shipped profile (a plan records it: :func:`recorded_profile`).
     path: str | None = field(default=None, compare=False)
 
+    def record(self) -> dict[str, str]:
+        """How a plan names this profile: its id, and its file where it is not a shipped one (:func:`recorded_profile`
+        reads it back)."""
+        return {"profile_id": self.profile_id, **({} if self.path is None else {"profile_path": self.path})}
+
     def plan_grade_note(self) -> str | None:
         """Why this profile's plans are estimates rather than plans to deploy (None: it is plan-grade): its safety
         margin rests on fewer than :data:`PLAN_GRADE_RUNS` real runs, or on none it records."""
@@ -403,9 +408,12 @@ def load_profile(id_or_path: str | os.PathLike = DEFAULT_PROFILE_ID) -> Profile:
     return profile if own.parent == profiles_dir().resolve() else replace(profile, path=str(own))
 
 
-def recorded_profile(record: dict[str, Any]) -> Profile:
-    """The profile a plan recorded (its ``inputs``, or a kind of its pool): the file it was read from where it
-    names one (a profile of the user's own), else the shipped profile of its ``profile_id``."""
+def recorded_profile(record: dict[str, Any], override: str | os.PathLike | None = None) -> Profile:
+    """The profile a plan recorded (:meth:`Profile.record`, in its ``inputs`` or a kind of its pool): the file it was
+    read from where it names one (a profile of the user's own), else the shipped profile of its ``profile_id``; or
+    ``override`` (a ``--profile`` given) where there is one."""
+    if override:
+        return load_profile(override)
     pid, path = record.get("profile_id"), record.get("profile_path")
     if not path:
         return load_profile(pid)
