@@ -32,7 +32,10 @@ def profiles(as_json: bool) -> None:
     from twin.profile import DEFAULT_PROFILE_ID, PLAN_GRADE_RUNS, list_profiles
 
     items = []
-    for p in list_profiles():
+    shipped, problems = list_profiles()
+    for problem in problems:
+        click.echo(f"warning: skipped {problem}", err=True)
+    for p in shipped:
         few = few_adapters(p, "slo")
         items.append({
             "profile_id": p.profile_id, "default": p.profile_id == DEFAULT_PROFILE_ID,

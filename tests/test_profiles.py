@@ -12,7 +12,9 @@ from twin.profile import admission_rule_for_version, profile_from_dict
 
 
 def test_shipped_profiles_reproduce_the_study_tables():
-    ids = {p.profile_id for p in list_profiles()}
+    shipped, problems = list_profiles()
+    ids = {p.profile_id for p in shipped}
+    assert not problems
     assert {"h100-64gb-llama-3.1-8b", "h100-64gb-qwen2.5-7b"} <= ids
     llama = load_profile("h100-64gb-llama-3.1-8b")
     assert llama.kv.tokens_for(64, 16) == 256640  # Mem_max table, study notes §2.5
@@ -91,3 +93,20 @@ def test_an_install_without_the_shipped_profiles_says_where_it_looked(tmp_path, 
     for call in (list_profiles, lambda: load_profile("h100-64gb-llama-3.1-8b")):
         with pytest.raises(ProfileError, match=f"no shipped profiles: {tmp_path}/profiles is not there"):
             call()
+
+
+def test_one_unreadable_file_among_the_profiles_is_named_and_the_rest_listed(tmp_path, monkeypatch):
+    import shutil
+
+    from click.testing import CliRunner
+
+    from planner.cli import main
+    from twin.profile import profiles_dir
+
+    shutil.copytree(profiles_dir(), tmp_path / "profiles")
+    (tmp_path / "profiles" / "half-written.json").write_text('{"profile_id": ', encoding="utf-8")
+    monkeypatch.setenv("LORA_PLANNER_ARTIFACTS", str(tmp_path))
+    res = CliRunner().invoke(main, ["profiles", "--json"])
+    assert res.exit_code == 0, res.output
+    assert {p["profile_id"] for p in json.loads(res.stdout)} >= {"h100-64gb-llama-3.1-8b", "h100-64gb-qwen2.5-7b"}
+    assert "warning: skipped" in res.stderr and "half-written.json: cannot read profile JSON" in res.stderr

@@ -369,9 +369,17 @@ def profiles_dir() -> Path:
     return artifacts_dir() / "profiles"
 
 
-def list_profiles() -> list[Profile]:
+def list_profiles() -> tuple[list[Profile], list[ProfileError]]:
+    """The shipped profiles that load, and why each other file in the profiles directory does not (one bad file
+    dropped there must not hide the rest)."""
     _check_shipped()
-    return [load_profile(p) for p in sorted(profiles_dir().glob("*.json"))]
+    profiles, problems = [], []
+    for path in sorted(profiles_dir().glob("*.json")):
+        try:
+            profiles.append(load_profile(path))
+        except ProfileError as exc:
+            problems.append(exc)
+    return profiles, problems
 
 
 def _check_shipped() -> None:
