@@ -46,7 +46,7 @@ def main() -> None:
 
 for _command in (cli_plan.plan, cli_plan.evaluate, cli_plan.replan, cli_plan.render, cli_plan.verify, cli_twin.profiles, cli_twin.simulate,
                  cli_workload.workload, cli_models.dataset, cli_models.train, cli_models.train_edge, cli_harness.synth, cli_harness.profile,
-                 cli_harness.validate, cli_harness.calibrate, cli_harness.rescore):
+                 cli_harness.validate, cli_harness.calibrate, cli_harness.rescore, cli_harness.margin):
     main.add_command(_command)
 
 

@@ -1,5 +1,6 @@
 """``planner synth``, ``planner profile``, ``planner validate``: measure real vLLM, fit and check a profile;
-``planner calibrate`` and ``planner rescore`` redo the fit and the check from stored runs, without vLLM."""
+``planner calibrate`` and ``planner rescore`` redo the fit and the check from stored runs, and ``planner margin``
+sizes its safety margin from them, without vLLM."""
 
 from __future__ import annotations
 
@@ -477,3 +478,56 @@ def rescore(profile_id, work_dir, out_dir, duration, warmup, record, as_json) ->
     duration, warmup = run_window(stored, duration, warmup, str(work))
     rows = compare(prof, work, stored, duration, warmup)
     _write_table(profile_id, prof, rows, out, duration, warmup, seed, record, as_json)
+
+
+@click.command()
+@click.option("--profile", "profile_id", required=True, help="Profile id or JSON path the runs are scored against.")
+@click.option("--runs", "runs_dirs", required=True, multiple=True, type=click.Path(exists=True, file_okay=False),
+              help="A `planner validate` work dir of the profile's engine; repeat to pool several (other days, "
+                   "other seeds).")
+@click.option("--risk", type=FiniteFloat(min=0, max=0.5, min_open=True, max_open=True), default=0.01,
+              show_default=True, help="The chance a planned GPU may starve in reality (one-sided bound).")
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="Write the profile with this margin as its `planning` section (the profile's own file too) "
+                   "[default: print the margin only].")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@user_errors
+def margin(profile_id, runs_dirs, risk, out, as_json) -> None:
+    """Size a profile's safety margin from its real runs, without vLLM.
+
+    A plan judges every GPU on a twin slower than the profile by this margin. The real runs the engine could not
+    keep up with show how fast it really is against its twin; the margin is the slowdown that at most --risk of
+    real engines exceed (a one-sided prediction bound over those runs: few runs give a wide margin). Runs of the
+    workloads the profile was calibrated on are refused. With 10 runs or more the profile is plan-grade
+    (`planner profiles`); a latency SLO takes the same margin, as these runs say nothing about latency.
+
+    \b
+    Examples:
+      planner margin --profile cpu-2core-tiny-llama \\
+          --runs datasets/measured/cpu-2core-tiny-llama/validation-day4a
+      planner validate --profile h100.json --seed 11 --cases 20 --work-dir held-apart
+      planner margin --profile h100.json --runs held-apart --out h100.json
+    """
+    import json
+
+    from serving_harness.margin import measured_margin, planning_section
+    from twin.profile import PLAN_GRADE_RUNS, load_profile, profiles_dir, write_profile
+
+    prof = load_profile(profile_id)
+    figures = measured_margin(prof, [Path(d) for d in runs_dirs], risk)
+    if out:
+        source = Path(prof.path) if prof.path else profiles_dir() / f"{prof.profile_id}.json"
+        data = json.loads(source.read_text(encoding="utf-8"))
+        data["planning"] = planning_section(figures, ", ".join(runs_dirs), _command_line())
+        write_profile(out, data)
+    if as_json:
+        print_json(figures)
+        return
+    r = figures["real_over_twin"]
+    click.echo(f"{prof.profile_id}: real engines ran {r['min']:.3f}-{r['median']:.3f}x (least, median) the twin's "
+               f"throughput in the {figures['starved_runs']} of {figures['runs']} runs they could not keep up with")
+    click.echo(f"margin: GPUs judged in a twin {figures['slowdown']:g}x slower than the profile (at most "
+               f"{risk:.0%} of real engines slower; {figures['runs_slower_than_the_slowed_twin']} of these runs were)")
+    grade = ("plan-grade" if figures["runs"] >= PLAN_GRADE_RUNS
+             else f"not plan-grade: it rests on {figures['runs']} runs, plan-grade from {PLAN_GRADE_RUNS}")
+    click.echo(f"wrote {out} ({grade})" if out else f"({grade}; --out FILE writes it into a profile)")

@@ -467,12 +467,13 @@ def record_summary(profile_id: str, profile: Profile, summary: dict, table: Path
     write_profile(profile_path, data)
 
 
-def refuse_calibration_workloads(profile: Profile, seed: int | None, where: str) -> None:
-    """A validation record must come from held-apart workloads, not from the seed the profile was calibrated
-    on (its calibration runs, or a rerun of them)."""
+def refuse_calibration_workloads(profile: Profile, seed: int | None, where: str,
+                                 what: str = "a validation record") -> None:
+    """A validation record (or ``what`` else rests on real runs) must come from held-apart workloads, not from the
+    seed the profile was calibrated on (its calibration runs, or a rerun of them)."""
     if seed is not None and seed == profile.provenance.get("calibration", {}).get("seed"):
         raise BadInputError(f"{where}: seed {seed} draws the workloads profile {profile.profile_id} was calibrated "
-                            "on; a validation record needs held-apart ones")
+                            f"on; {what} needs held-apart ones")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -247,7 +247,7 @@ def test_a_pool_of_kinds_serving_models_of_other_shapes_is_planned_with_a_note_s
     assert res.exit_code == 0 and "models of different shapes" not in res.output, res.output
     # its 80 GB kind's profile is measured on 5 real runs: the plan says so
     note = ("note: kind h100-80gb: profile h100-80gb-llama-3.1-8b is not plan-grade: its safety margin rests on 5 "
-            "real runs (plan-grade from 10; docs/profiles.md, \"Safety margins\"), so treat its plans as estimates")
+            "real runs (plan-grade from 10: `planner margin` sizes it from validation runs), so treat its plans as estimates")
     assert [line for line in res.output.splitlines() if line.startswith("note:")] == [note]
 
 

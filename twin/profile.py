@@ -309,7 +309,7 @@ class Profile:
         basis = ("is not measured against real runs" if runs is None
                  else f"rests on {runs} real run{'s' if runs != 1 else ''}")
         return (f"profile {self.profile_id} is not plan-grade: its safety margin {basis} (plan-grade from "
-                f"{PLAN_GRADE_RUNS}; docs/profiles.md, \"Safety margins\"), so treat its plans as estimates")
+                f"{PLAN_GRADE_RUNS}: `planner margin` sizes it from validation runs), so treat its plans as estimates")
 
     def planning_slowdown(self, objective: str = "slo") -> float:
         """The safety slowdown a plan with this objective ("slo" or "throughput") judges GPUs with."""

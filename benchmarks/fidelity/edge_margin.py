@@ -1,14 +1,7 @@
 """How much slower than its twin a real engine runs: the safety margin a plan is judged with, per profile.
 
-A plan judges each GPU in the twin. Where the twin's engine is faster than the real one, a GPU the twin
-passes at its edge starves (or misses its SLO) for real. The margin is sized from real runs of the
-profile's engine: for every run that was starved in reality, its throughput is what the engine can do,
-so real over twin throughput is how fast the real engine was against its twin. Taking the log of that
-ratio as normal with mean and spread estimated from the runs, the one-sided 1 % prediction bound for
-one more run (Student's t with n - 1 degrees of freedom, times sqrt(1 + 1/n): a profile with few starved
-runs gets the wider bound its few runs warrant) says how much slower than the twin a real engine may be;
-``slowdown`` = 1 / that ratio (at least 1). A plan judges every GPU on a twin that many
-times slower (``Profile.slowed``), so a planned GPU starves in reality with probability about 1 %.
+Sized as ``planner margin`` sizes it (:mod:`serving_harness.margin`: a one-sided 1 % prediction bound on the
+real over twin throughput of the runs starved in reality), from each profile's real runs:
 
 * ``h100-64gb-qwen2.5-7b``: the study's 163 real one-hour runs on an H100 64GB, the twin with the
   study's client as measured (``artifacts/benchmarks/twin_fidelity.json``, from
@@ -41,37 +34,19 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
-from scipy import stats
 
 from benchmarks.fidelity.twin_fidelity import CLIENT_PORTS, DEFAULT_DATA, load_runs, run_workload
 from benchmarks.record import result_path, write_result
-from serving_harness.validation import compare, stored_rows
+from serving_harness.margin import RISK, margin, measured_margin, planning_section
 from twin import SimConfig, load_profile, simulate
 from twin.profile import write_profile
 
 ROOT = Path(__file__).resolve().parents[2]
 
-#: The share of real engines allowed to be slower than the slowed twin.
-RISK = 0.01
 CPU_RUNS = [f"validation-{name}" for name in ("day4a", "day4b", "rerun", "repeat-a", "repeat-b")]
 MEASURED = ROOT / "datasets" / "measured"
 SLO = {"ttft_ms": 2000.0, "tpot_ms": 200.0}
 SLO_FACTORS = (1.0, 1.1, 1.2, 1.3, 1.4, 1.5)
-
-
-def margin(real_thr: np.ndarray, twin_thr: np.ndarray, real_starved: np.ndarray) -> dict:
-    """The slowdown from the real-starved runs' real/twin throughput ratios (module docstring)."""
-    r = real_thr[real_starved] / twin_thr[real_starved]
-    log_r = np.log(r)
-    mean, sd = float(log_r.mean()), float(log_r.std(ddof=1))
-    bound = stats.t.ppf(RISK, len(r) - 1) * np.sqrt(1 + 1 / len(r))
-    ratio = float(np.exp(mean + bound * sd))
-    slowdown = max(1.0, 1.0 / ratio)
-    return {"starved_runs": int(real_starved.sum()), "real_over_twin": {
-                "mean_log": mean, "sd_log": sd, "min": float(r.min()), "median": float(np.median(r)),
-                "prediction_bound_1pct": ratio},
-            "slowdown": round(slowdown, 3),
-            "runs_slower_than_the_slowed_twin": int((r < 1.0 / slowdown).sum())}
 
 
 def qwen() -> tuple[dict, list[dict]]:
@@ -115,14 +90,9 @@ def qwen_slo(jobs: int) -> dict:
     return out
 
 
-def measured(profile_id: str, work_dirs: list[Path], duration_s: float, warmup_s: float) -> dict:
-    """The margin from ``planner validate`` work dirs (the twin on each run's own requests)."""
-    profile = load_profile(profile_id)
-    rows = [r for d in work_dirs for r in compare(profile, d, stored_rows(profile, d), duration_s, warmup_s)]
-    real = np.array([r["real"]["total_throughput_tok_s"] for r in rows])
-    twin = np.array([r["twin"]["total_throughput_tok_s"] for r in rows])
-    starved = np.array([r["real"]["starved"] for r in rows])
-    return {**margin(real, twin, starved), "runs": len(rows),
+def measured(profile_id: str, work_dirs: list[Path]) -> dict:
+    """The margin from ``planner validate`` work dirs (what ``planner margin`` sizes)."""
+    return {**measured_margin(load_profile(profile_id), work_dirs, RISK),
             "source": ", ".join(str(d.relative_to(ROOT)) for d in work_dirs)}
 
 
@@ -135,9 +105,8 @@ def main() -> None:
     q, _ = qwen()
     q["slo_check"] = qwen_slo(args.jobs)
     q["slo_slowdown"] = max(q["slowdown"], q["slo_check"]["slo_slowdown"])
-    cpu = measured("cpu-2core-tiny-llama", [MEASURED / "cpu-2core-tiny-llama" / d for d in CPU_RUNS], 30.0, 5.0)
-    gpu = measured("h100-80gb-llama-3.1-8b", sorted((MEASURED / "h100-80gb-llama-3.1-8b" / "lean").glob("validation*")),
-                   30.0, 5.0)
+    cpu = measured("cpu-2core-tiny-llama", [MEASURED / "cpu-2core-tiny-llama" / d for d in CPU_RUNS])
+    gpu = measured("h100-80gb-llama-3.1-8b", sorted((MEASURED / "h100-80gb-llama-3.1-8b" / "lean").glob("validation*")))
     out = {"benchmark": "edge_margin", "risk": RISK,
            "profiles": {"h100-64gb-qwen2.5-7b": q,
                         "h100-64gb-llama-3.1-8b": {"slowdown": q["slowdown"], "slo_slowdown": q["slo_slowdown"],
@@ -160,11 +129,9 @@ def record_planning(profile_id: str, margins: dict) -> None:
     """Write the margins into the profile's ``planning`` section (the rest of the file untouched)."""
     path = ROOT / "artifacts" / "profiles" / f"{profile_id}.json"
     data = json.loads(path.read_text(encoding="utf-8"))
-    data["planning"] = {
-        "slowdown": margins["slowdown"], "slo_slowdown": margins["slo_slowdown"], "risk": RISK,
-        "real_runs": margins["runs"],
-        "evidence": margins.get("source", ""), "command": "python -m benchmarks.fidelity.edge_margin --write",
-        "details": "artifacts/benchmarks/edge_margin.json"}
+    data["planning"] = planning_section(margins, margins.get("source", ""),
+                                        "python -m benchmarks.fidelity.edge_margin --write",
+                                        "artifacts/benchmarks/edge_margin.json")
     write_profile(path, data)
 
 
