@@ -64,8 +64,10 @@ def _check_servable(req: PackRequest, queue: list[Entry]) -> None:
 Span = tuple[int, int, int]  # a GPU's queue entries queue[pos:pos+k] and its A_max
 
 
-def _fill(search: PrefixSearch, load_cap: float | None, max_gpus: int, split_hot: bool) -> list[Span]:
-    """Fill GPUs one after another with the largest feasible prefix of the search's queue.
+def _fill(search: PrefixSearch, load_cap: float | None, max_gpus: int, split_hot: bool,
+          before: list[Span] = ()) -> list[Span]:
+    """Fill GPUs one after another with the largest feasible prefix of the search's queue (``before``: a fill
+    under another cap, whose GPU bounds the search takes as guesses).
 
     The queue is modified in place when a hot adapter at its head is split into replicas (only past
     the spans already filled, so they stay valid).
@@ -76,7 +78,11 @@ def _fill(search: PrefixSearch, load_cap: float | None, max_gpus: int, split_hot
     while pos < len(queue):
         if len(spans) == max_gpus:
             raise not_enough_gpus(req, sorted({i for i, _ in queue[pos:]}), len(spans))
-        k, a_max = _largest_prefix(search, pos, load_cap)
+        guess = None
+        if len(spans) < len(before):
+            start, length, _ = before[len(spans)]
+            guess = start + length - pos if start + length > pos else None
+        k, a_max = _largest_prefix(search, pos, load_cap, guess)
         if k == 0:
             if load_cap is not None:  # the cap is below this adapter's own load: the cap is too low
                 raise not_enough_gpus(req, sorted({i for i, _ in queue[pos:]}), len(spans))
@@ -88,14 +94,15 @@ def _fill(search: PrefixSearch, load_cap: float | None, max_gpus: int, split_hot
     return spans
 
 
-def _largest_prefix(search: PrefixSearch, pos: int, load_cap: float | None) -> tuple[int, int]:
+def _largest_prefix(search: PrefixSearch, pos: int, load_cap: float | None,
+                    guess: int | None = None) -> tuple[int, int]:
     """Largest k such that queue[pos:pos+k] passes the GPU test (within ``load_cap`` arriving tok/s), and
     the A_max it passes with."""
     k_max = len(search.queue) - pos
     if load_cap is not None:
         cum = np.cumsum(search.entry_loads()[pos:])
         k_max = max(1, int(np.searchsorted(cum, load_cap * (1 + 1e-9), side="right")))
-    return search.largest(pos, k_max)
+    return search.largest(pos, k_max, guess)
 
 
 def _split_head(req: PackRequest, queue: list[Entry], pos: int, split_hot: bool) -> None:
@@ -133,7 +140,7 @@ def _balanced(search: PrefixSearch, fill: list[Span]) -> list[Span]:
     while hi - lo > BALANCE_TOLERANCE * hi:
         cap = (lo + hi) / 2
         try:
-            best = _fill(search, cap, n_gpus, split_hot=False)
+            best = _fill(search, cap, n_gpus, split_hot=False, before=best)
             hi = cap
         except InfeasibleError:
             lo = cap

@@ -9,6 +9,14 @@ gives the same plans, bit for bit (tests/test_prefix_search.py). With any other 
 twin) the search asks ``best_a_max`` and keeps its answers by (pos, k) while the queue is unchanged, so
 the balancing fills, which restart the search at the same positions, reuse earlier answers.
 
+The twin answers a question in a simulated half hour to hour of the GPU (a second of a core for hundreds of
+adapters), so its search starts from a guess instead of from one adapter: the prefix found last at that position
+(a balancing fill asks again under a lower cap) or, at a new position, the prefix with the arriving traffic of the
+one found last (neighbouring GPUs of the priority order carry about as much, on more or fewer adapters). It gallops from there, steps of an eighth of the guess doubling, to a
+passing prefix and a failing one, and bisects between them. Each answer is a prefix the twin passes; where the
+twin's verdict is not monotone in k (noise at the knee) it may be another one than the search from one adapter
+finds, as valid.
+
 Neither search takes a window holding one adapter twice: an adapter is in the queue twice only as
 replicas of a hot adapter, each sized to most of what one GPU holds of it, so two never fit one GPU
 (and a window of them would ask about their merged share, which greedy split because it failed).
@@ -61,12 +69,14 @@ class PrefixSearch:
         """Arriving tokens/s of each queue entry (its adapter's, times its share)."""
         return self._queue_arrays()[5]
 
-    def largest(self, pos: int, k_max: int) -> tuple[int, int]:
-        """Largest k <= k_max found such that queue[pos:pos+k] passes, and its A_max; (0, 0) if k=1 fails."""
+    def largest(self, pos: int, k_max: int, guess: int | None = None) -> tuple[int, int]:
+        """Largest k <= k_max found such that queue[pos:pos+k] passes, and its A_max; (0, 0) if k=1 fails
+        (``guess``: a likely k, where the twin's search starts)."""
         ranks, rates, d_in, d_out, next_same, _ = self._queue_arrays()
         k_max = min(k_max, int(next_same[pos:pos + k_max].min()) - pos)  # no window holds an adapter twice
         if not self.compiled():
-            return self._search(pos, k_max)
+            twin = self.req.predictor.kind == "twin" and guess is not None
+            return self._search(pos, k_max, min(max(guess, 1), k_max) if twin else None)
         req, pred = self.req, self.req.predictor
         t, s = pred.throughput_forest, pred.starved_forest
         ttft = pred.ttft_forest if req.bar is not None and pred.ttft_forest is not None else t
@@ -106,31 +116,10 @@ class PrefixSearch:
                 self._limits = np.log10(np.fmin(req.adapter_ttft_s[idx] * 1000.0, ttft_ms)), np.log10(tpot)
         return self._limits
 
-    def _search(self, pos: int, k_max: int) -> tuple[int, int]:
-        """The search of ``_largest_prefix``, asking ``best_a_max``."""
-        def ok(k: int) -> bool:
-            return self._verdict(pos, k).ok
-
-        if not ok(1):
-            return 0, 0
-        lo, hi, k = 1, None, 2
-        while k <= k_max:
-            if ok(k):
-                lo, k = k, k * 2
-            else:
-                hi = k
-                break
-        if hi is None:
-            if lo == k_max or ok(k_max):
-                return k_max, self._verdict(pos, k_max).a_max
-            hi = k_max
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if ok(mid):
-                lo = mid
-            else:
-                hi = mid
-        return lo, self._verdict(pos, lo).a_max
+    def _search(self, pos: int, k_max: int, guess: int | None = None) -> tuple[int, int]:
+        """The search of ``_largest_prefix``, asking ``best_a_max`` (from ``guess`` where one is given)."""
+        k = largest_passing(lambda k: self._verdict(pos, k).ok, k_max, guess)
+        return (k, self._verdict(pos, k).a_max) if k else (0, 0)
 
     def _verdict(self, pos: int, k: int) -> GroupVerdict:
         key = (pos, k)
@@ -171,6 +160,67 @@ class PrefixSearch:
             self._tables = (np.array(values, np.int64), np.array(limits, np.int64), np.array(lora, np.int64),
                             np.array(sorted(req.kv.a_max_points), np.int64), kv)
         return self._tables
+
+
+#: The twin's search gallops from its guess in steps of this fraction of the guess, doubling.
+HINT_STEP = 32
+
+
+def largest_passing(ok, k_max: int, guess: int | None = None) -> int:
+    """The largest k <= k_max the search finds with ``ok(k)`` (0: not even k = 1): from k = 1 by doubling, or
+    galloping from ``guess`` (1 <= guess <= k_max), then bisecting. Where ``ok`` is monotone, the largest k it
+    holds for, whatever the guess."""
+    lo, hi = _doubling(ok, k_max) if guess is None else _galloping(ok, guess, k_max)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _doubling(ok, k_max: int) -> tuple[int, int]:
+    """(lo, hi): ``ok(lo)`` and not ``ok(hi)``, found from k = 1 by doubling k (hi = lo + 1 where lo is ``k_max``;
+    (0, 1) where k = 1 fails)."""
+    if not ok(1):
+        return 0, 1
+    lo, k = 1, 2
+    while k <= k_max:
+        if not ok(k):
+            return lo, k
+        lo, k = k, k * 2
+    if lo == k_max or ok(k_max):
+        return k_max, k_max + 1
+    return lo, k_max
+
+
+def _galloping(ok, guess: int, k_max: int) -> tuple[int, int]:
+    """(lo, hi) as :func:`_doubling` finds them, from ``guess`` (1 <= guess <= k_max) up or down in steps of
+    ``guess`` / :data:`HINT_STEP`, doubling; ``k_max`` first where it is within a step of the guess (a balancing
+    fill's cap, which mostly passes)."""
+    step = max(1, guess // HINT_STEP)
+    if k_max - guess <= step:
+        if ok(k_max):
+            return k_max, k_max + 1
+        hi = k_max
+    elif ok(guess):
+        lo = guess
+        while True:
+            k = min(lo + step, k_max)
+            if not ok(k):
+                return lo, k
+            if k == k_max:
+                return k_max, k_max + 1
+            lo, step = k, step * 2
+    else:
+        hi = guess
+    while hi > 1:
+        k = max(1, hi - step)
+        if ok(k):
+            return k, hi
+        hi, step = k, step * 2
+    return 0, 1
 
 
 def _record(forest) -> tuple[np.ndarray, ...]:

@@ -129,3 +129,47 @@ def test_tokens_array_is_tokens_for(pid):
         for rank in kv.lora_ranks:
             want = [-1 if (t := capacity.tokens_for(a, rank)) is None else t for a in range(701)]
             assert capacity.tokens_array(rank, 700).tolist() == want
+
+
+@pytest.mark.parametrize("k_max", [1, 2, 37, 100, 1000])
+def test_the_search_from_a_guess_ends_where_the_search_from_one_adapter_does(k_max):
+    """Where the verdict is monotone in k, every guess ends on the largest passing k, as doubling from 1 does;
+    a guess near it asks far fewer questions (the twin's questions cost up to a second each)."""
+    from planner.prefix_search import largest_passing
+
+    def search(threshold: int, guess: int | None) -> tuple[int, list[int]]:
+        asked: list[int] = []
+
+        def ok(k: int) -> bool:
+            assert 1 <= k <= k_max, k
+            asked.append(k)
+            return k <= threshold
+
+        return largest_passing(ok, k_max, guess), asked
+
+    for threshold in sorted({0, 1, 2, 3, k_max // 3, k_max - 1, k_max, k_max + 5}):
+        found, plain = search(threshold, None)
+        assert found == min(threshold, k_max)
+        for guess in sorted({1, 2, k_max // 2, max(1, threshold), min(max(1, threshold + 3), k_max), k_max}):
+            found, asked = search(threshold, guess)
+            assert found == min(threshold, k_max), (threshold, guess)
+            if guess == threshold and k_max >= 100 and 10 < threshold < k_max:
+                assert len(asked) <= 8 and len(asked) < len(plain) / 2, (asked, plain)
+
+
+def test_a_twin_packed_fill_starts_from_the_bounds_of_the_fill_before(monkeypatch):
+    """The balancing fills of a plan the twin packs start each GPU's search where that GPU ended in the fill
+    before: the same plan here (its verdicts are monotone), from fewer questions to the twin."""
+    from models.twin_predictor import TwinPredictor
+
+    cpu = load_profile("cpu-2core-tiny-llama")
+    rng = np.random.default_rng(3)
+    wl = workload((rng.choice([0.5, 1.0, 2.0], 60)).tolist(), rng.choice([8, 16], 60).tolist(),
+                  tokens=(64.0, 32.0))
+    req = PackRequest.build(wl, cpu, TwinPredictor(cpu, duration_s=120.0, jobs=1), 1000)
+    guessed, guessed_calls = plan(req, monkeypatch, False)
+    largest = PrefixSearch.largest
+    monkeypatch.setattr(PrefixSearch, "largest", lambda self, pos, k_max, guess=None: largest(self, pos, k_max))
+    plain, plain_calls = plan(req, monkeypatch, False)
+    assert len(guessed) >= 3 and guessed == plain
+    assert guessed_calls < 0.75 * plain_calls
