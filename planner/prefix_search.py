@@ -9,13 +9,13 @@ gives the same plans, bit for bit (tests/test_prefix_search.py). With any other 
 twin) the search asks ``best_a_max`` and keeps its answers by (pos, k) while the queue is unchanged, so
 the balancing fills, which restart the search at the same positions, reuse earlier answers.
 
-The twin answers a question in a simulated half hour to hour of the GPU (a second of a core for hundreds of
-adapters), so its search starts from a guess instead of from one adapter: the prefix found last at that position
-(a balancing fill asks again under a lower cap) or, at a new position, the prefix with the arriving traffic of the
-one found last (neighbouring GPUs of the priority order carry about as much, on more or fewer adapters). It gallops from there, steps of an eighth of the guess doubling, to a
-passing prefix and a failing one, and bisects between them. Each answer is a prefix the twin passes; where the
-twin's verdict is not monotone in k (noise at the knee) it may be another one than the search from one adapter
-finds, as valid.
+The twin answers a question in a simulated half hour to hour of the GPU (up to a second of a core for hundreds
+of adapters), so where greedy knows a likely answer its search starts there instead of from one adapter: in a
+balancing fill, which fills again under another load cap, where the same GPU of the fill before ended (the GPUs'
+bounds move little from one cap to the next). It gallops from there, steps of 1/32 of the guess doubling, to a
+passing prefix and a failing one, and bisects between them (:func:`largest_passing`). Each answer is a prefix the
+twin passes; where the twin's verdict is not monotone in k (noise at the knee) it may be another one than the search
+from one adapter finds, as valid.
 
 Neither search takes a window holding one adapter twice: an adapter is in the queue twice only as
 replicas of a hot adapter, each sized to most of what one GPU holds of it, so two never fit one GPU
@@ -162,8 +162,8 @@ class PrefixSearch:
         return self._tables
 
 
-#: The twin's search gallops from its guess in steps of this fraction of the guess, doubling.
-HINT_STEP = 32
+#: The twin's search gallops from its guess in steps of the guess over this, doubling.
+GALLOP_DIVISOR = 32
 
 
 def largest_passing(ok, k_max: int, guess: int | None = None) -> int:
@@ -197,9 +197,9 @@ def _doubling(ok, k_max: int) -> tuple[int, int]:
 
 def _galloping(ok, guess: int, k_max: int) -> tuple[int, int]:
     """(lo, hi) as :func:`_doubling` finds them, from ``guess`` (1 <= guess <= k_max) up or down in steps of
-    ``guess`` / :data:`HINT_STEP`, doubling; ``k_max`` first where it is within a step of the guess (a balancing
+    ``guess`` / :data:`GALLOP_DIVISOR`, doubling; ``k_max`` first where it is within a step of the guess (a balancing
     fill's cap, which mostly passes)."""
-    step = max(1, guess // HINT_STEP)
+    step = max(1, guess // GALLOP_DIVISOR)
     if k_max - guess <= step:
         if ok(k_max):
             return k_max, k_max + 1
