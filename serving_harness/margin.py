@@ -49,9 +49,13 @@ def margin(real_thr: np.ndarray, twin_thr: np.ndarray, real_starved: np.ndarray,
 
 def measured_margin(profile: Profile, work_dirs: list[Path], risk: float = RISK) -> dict:
     """The margin from ``planner validate`` work dirs of ``profile`` (the twin on each run's own requests, in the
-    window each set was measured in); refused with fewer than two runs starved in reality."""
-    rows = []
+    window each set was measured in; a directory given twice counts once); refused with fewer than two runs starved
+    in reality."""
+    rows, seen = [], set()
     for d in work_dirs:
+        if d.resolve() in seen:
+            continue
+        seen.add(d.resolve())
         refuse_calibration_workloads(profile, stored_seed(d), str(d), "a safety margin")
         stored = stored_rows(profile, d)
         duration, warmup = run_window(stored, None, None, str(d))

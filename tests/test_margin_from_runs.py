@@ -35,6 +35,9 @@ def test_the_shipped_margin_is_what_the_command_sizes_from_the_same_runs(tmp_pat
     res = CliRunner().invoke(main, ["margin", "--profile", CPU, *_runs(*SHIPPED_SETS), "--json"])
     assert res.exit_code == 0, res.output
     figures = json.loads(res.output)
+    again = CliRunner().invoke(main, ["margin", "--profile", CPU, *_runs(*SHIPPED_SETS),
+                                      "--runs", f"./{RUNS}/validation-day4a", "--json"])
+    assert json.loads(again.output) == figures  # a run set given twice counts once
     shipped = load_profile(CPU).planning
     assert (figures["slowdown"], figures["runs"]) == (shipped["slowdown"], shipped["real_runs"]) == (1.804, 160)
     assert figures["starved_runs"] == 8 and figures["runs_slower_than_the_slowed_twin"] == 0
