@@ -465,8 +465,7 @@ def rescore(profile_id, work_dir, out_dir, duration, warmup, record, as_json) ->
           --work-dir datasets/measured/cpu-2core-tiny-llama/validation-day4a --record
     """
     from serving_harness.calibration import stored_seed
-    from serving_harness.validation import compare, refuse_calibration_workloads, stored_rows
-    from serving_harness.window import run_window
+    from serving_harness.validation import refuse_calibration_workloads, rescored
     from twin.profile import load_profile
 
     prof, work = load_profile(profile_id), Path(work_dir)
@@ -474,9 +473,7 @@ def rescore(profile_id, work_dir, out_dir, duration, warmup, record, as_json) ->
     seed = stored_seed(work)
     if record:
         refuse_calibration_workloads(prof, seed, str(work))
-    stored = stored_rows(prof, work)
-    duration, warmup = run_window(stored, duration, warmup, str(work))
-    rows = compare(prof, work, stored, duration, warmup)
+    rows, duration, warmup = rescored(prof, work, duration, warmup)
     _write_table(profile_id, prof, rows, out, duration, warmup, seed, record, as_json)
 
 

@@ -66,6 +66,11 @@ def calibration_run_dirs(calibration: dict) -> list[Path]:
     return [] if runs is None else [Path(r) for r in ([runs] if isinstance(runs, str) else runs)]
 
 
+def distinct_dirs(dirs: Sequence[str | Path]) -> list[Path]:
+    """``dirs`` as paths, a directory given twice (by another name too) counted once."""
+    return list({Path(d).resolve(): Path(d) for d in dirs}.values())
+
+
 def saved_cases(work_dir: str | Path) -> list[dict]:
     """The cases a :class:`serving_harness.validation.Validator` saved under ``work_dir`` (``cases/*.json``, in
     order; none where there is no such directory)."""
@@ -256,7 +261,7 @@ def recalibrate(path: str | Path, command: str, runs_dirs: Sequence[str | Path] 
         raise BadInputError(f"{path}: calibrated, but its 'microbenchmarks' latency variant is missing; "
                             "measure it again with `planner profile`")
     before = calibration_run_dirs(previous)
-    dirs = list({Path(d).resolve(): Path(d) for d in runs_dirs}.values()) or before  # a directory given twice counts once
+    dirs = distinct_dirs(runs_dirs) or before
     if not dirs:
         raise BadInputError(f"{path}: its calibration records no runs; pass --runs")
     same_runs = {d.resolve() for d in dirs} == {d.resolve() for d in before}

@@ -22,9 +22,8 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from serving_harness.calibration import stored_seed
-from serving_harness.validation import compare, refuse_calibration_workloads, stored_rows
-from serving_harness.window import run_window
+from serving_harness.calibration import distinct_dirs, stored_seed
+from serving_harness.validation import refuse_calibration_workloads, rescored
 from twin.errors import BadInputError
 from twin.profile import Profile
 
@@ -51,15 +50,10 @@ def measured_margin(profile: Profile, work_dirs: list[Path], risk: float = RISK)
     """The margin from ``planner validate`` work dirs of ``profile`` (the twin on each run's own requests, in the
     window each set was measured in; a directory given twice counts once); refused with fewer than two runs starved
     in reality."""
-    rows, seen = [], set()
-    for d in work_dirs:
-        if d.resolve() in seen:
-            continue
-        seen.add(d.resolve())
+    rows = []
+    for d in distinct_dirs(work_dirs):
         refuse_calibration_workloads(profile, stored_seed(d), str(d), "a safety margin")
-        stored = stored_rows(profile, d)
-        duration, warmup = run_window(stored, None, None, str(d))
-        rows += compare(profile, d, stored, duration, warmup)
+        rows += rescored(profile, d)[0]
     real = np.array([r["real"]["total_throughput_tok_s"] for r in rows])
     twin = np.array([r["twin"]["total_throughput_tok_s"] for r in rows])
     starved = np.array([bool(r["real"]["starved"]) for r in rows])

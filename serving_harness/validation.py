@@ -44,6 +44,7 @@ from serving_harness.loadgen import measure, run_load, summarise
 from serving_harness.metrics import wait_idle
 from serving_harness.speed_probe import real_probe_itl_ms, speed_vs_profile
 from serving_harness.synth import model_shape, write_adapters
+from serving_harness.window import run_window
 from twin.atomic import json_safe, recorded_path, write_bytes_atomic, write_json_atomic, write_text_atomic
 from twin.errors import BadInputError, EngineStartError
 from twin.metrics import smape, smape_within_groups
@@ -478,6 +479,15 @@ def refuse_calibration_workloads(profile: Profile, seed: int | None, where: str,
 
 # ----------------------------------------------------------------------------------------------
 # Offline: the validation table recomputed from stored runs (no vLLM)
+
+
+def rescored(profile: Profile, work_dir: Path, duration_s: float | None = None,
+             warmup_s: float | None = None) -> tuple[list[dict], float, float]:
+    """The stored cases of ``work_dir`` compared with the twin (:func:`compare`), in the window the runs were measured
+    in (:func:`serving_harness.window.run_window`), and that window."""
+    stored = stored_rows(profile, work_dir)
+    duration_s, warmup_s = run_window(stored, duration_s, warmup_s, str(work_dir))
+    return compare(profile, work_dir, stored, duration_s, warmup_s), duration_s, warmup_s
 
 
 def stored_rows(profile: Profile, work_dir: Path) -> list[dict]:
