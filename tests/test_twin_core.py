@@ -9,6 +9,7 @@ from twin import Adapter, InfeasibleError, SimConfig, Workload, core, draw_reque
 from twin.core import EV_ADMITTED, EV_SCHEDULED, step_ms
 from twin.metrics import percentiles
 from twin.stock_queue import drop_readmitted
+from twin.workload import PoissonArrivals
 
 
 def one_adapter(rate=0.0, rank=8):
@@ -149,7 +150,7 @@ def test_preempted_stack_drops_requests_readmitted_or_preempted_since():
     assert (n, pre_req[:n].tolist(), pre_key[:n].tolist()) == (3, [0, 2, 3], [-4, -3, -5])
 
 
-@pytest.mark.parametrize("adapters", [5, 200])  # a few sorted runs and more than twin.workload.FEW_RUNS
+@pytest.mark.parametrize("adapters", [5, 200])
 def test_requests_arriving_together_keep_adapter_order(adapters):
     """Equal arrival times (an arrival process on a grid) are ordered by adapter, as a stable sort orders them."""
     from dataclasses import dataclass
@@ -166,6 +167,32 @@ def test_requests_arriving_together_keep_adapter_order(adapters):
     assert np.all(np.diff(req.arrival_s) >= 0)
     same = np.flatnonzero(np.diff(req.arrival_s) == 0)
     assert same.size > 200 and np.all(req.adapter[same] < req.adapter[same + 1])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_arrival_order_is_numpys_stable_order(seed):
+    """``arrival_order`` orders times as NumPy's stable sort does, whatever their spread: an hour of Poisson
+    arrivals, times on a grid (many equal), a burst crowding one bucket, one time, none, all equal."""
+    from twin.workload import SMALL_BUCKET, arrival_order
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 50_000))
+    cases = [rng.uniform(0.0, 3600.0, n), np.round(rng.uniform(0.0, 60.0, n)),
+             np.r_[rng.uniform(0.0, 3600.0, n), rng.uniform(100.0, 100.001, 50 * SMALL_BUCKET)],
+             np.array([7.0]), np.empty(0), np.full(n, 3.0)]
+    for times in cases:
+        assert np.array_equal(arrival_order(times), np.argsort(times, kind="stable"))
+
+
+def test_requests_in_arrival_order_whatever_the_arrival_process():
+    """Single-turn Poisson requests come out as they did when each adapter's times were sorted before all were
+    merged: ordered, equal draws, and each adapter's own times those ``adapter_times`` draws."""
+    wl = Workload(tuple(Adapter(f"a{i}", 8, rate) for i, rate in enumerate([0.5, 3.0, 0.0, 12.0])))
+    req = draw_requests(wl, 600.0, seed=3)
+    rng = np.random.default_rng(3)
+    for i, a in enumerate(wl.adapters):
+        assert np.array_equal(req.arrival_s[req.adapter == i], PoissonArrivals().adapter_times(a.rate_rps, 600.0, rng))
+    assert np.all(np.diff(req.arrival_s) >= 0)
 
 
 #: Compiles the twin and prints the functions ``core.run_loop``'s body calls. Run with an empty numba cache: a
