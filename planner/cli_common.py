@@ -15,6 +15,7 @@ import click
 
 from planner.formats import FORMATS, launch_model, render
 from planner.manifests import FORMATS as MANIFEST_FORMATS
+from planner.placement import engine_device
 from planner.verdict import TAIL_FACTOR
 from twin.atomic import json_safe
 from twin.errors import LoraPlannerError
@@ -163,7 +164,8 @@ def render_options(fn):
     fn = click.option("--name", "manifest_name", default="lora", show_default=True,
                       help="k8s/llm-d/aibrix: prefix of the objects' names (and the InferencePool's name).")(fn)
     fn = click.option("--image", default=None,
-                      help="k8s/llm-d/aibrix: the vLLM container image [vllm/vllm-openai:v<the profile's vLLM>].")(fn)
+                      help="k8s/llm-d/aibrix: the vLLM container image [vllm/vllm-openai:v<the profile's vLLM>; "
+                           "for vllm-cpu, public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo:v<it>].")(fn)
     fn = click.option("--port-base", type=click.IntRange(1, 65535), default=8000, show_default=True,
                       help="--format vllm: port of the first server; one more per GPU.")(fn)
     fn = click.option("--adapter-dir", default=None,
@@ -179,21 +181,27 @@ def render_options(fn):
                              "ModelAdapters (aibrix).")(fn)
 
 
-def _vllm_image(profile) -> str:
-    return f"vllm/vllm-openai:v{profile.engine.version}"
+#: vLLM's pre-built server images by the device a plan's engine runs on (the CPU one is for x86).
+VLLM_IMAGES = {"cuda": "vllm/vllm-openai", "cpu": "public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo"}
+
+
+def _vllm_image(profile, engine: dict) -> str:
+    """The image of ``profile``'s vLLM release for the device of a plan's ``engine`` settings."""
+    return f"{VLLM_IMAGES[engine_device(engine)]}:v{profile.engine.version}"
 
 
 def placement_view(placement, profile, fmt: str, as_json: bool, model: str | None, port_base: int,
                    adapter_dir: str | None, image: str | None = None, manifest_name: str = "lora") -> str:
     """``placement`` as the :func:`render_options` ask; `plan` and `replan` render it before writing the plan, so
     options it refuses (a --name, ports past 65535) leave no file behind. The manifests' image defaults to the
-    vLLM release of ``profile``, or in a pool plan of each kind's profile."""
+    vLLM release of ``profile``, or in a pool plan of each kind's profile, built for the device the plan's (the
+    kind's) engine runs on."""
     from twin import recorded_profile
 
     fmt = "json" if as_json else fmt
     kinds = placement.kinds()
     if image is None and kinds and fmt in MANIFEST_FORMATS:
-        image = {name: _vllm_image(recorded_profile(kinds[name]))
+        image = {name: _vllm_image(recorded_profile(kinds[name]), kinds[name]["engine"])
                  for name in {inst.kind for inst in placement.instances}}
-    image = image or _vllm_image(profile)
+    image = image or _vllm_image(profile, placement.engine)
     return render(placement, fmt, launch_model(fmt, model, profile.model), port_base, adapter_dir, image, manifest_name)

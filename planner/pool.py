@@ -7,7 +7,8 @@ hour and an optional count available, and how a kind's pods find their nodes.
         price_per_hour: 2.10
         count: 40                    # optional: at most this many GPUs of the kind
         node_selector: {cloud.example.com/gpu: h100-mig-64gb}   # optional [lora-planner/gpu-kind: <name>]
-        resource: nvidia.com/gpu     # optional: the extended resource a pod of the kind asks one of
+        resource: nvidia.com/gpu     # optional: the extended resource a pod of the kind asks one of [a CUDA
+                                     # kind: nvidia.com/gpu; a vllm-cpu kind: none]
       - name: h100-80gb
         profile: h100-80gb-llama-3.1-8b
         price_per_hour: 2.90
@@ -44,6 +45,8 @@ LabelValue = Annotated[str, Field(pattern=r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A
 ResourceName = Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$")]
 #: The label a kind's pods select by default; label the nodes with it, or give ``node_selector``.
 KIND_LABEL = "lora-planner/gpu-kind"
+#: The resource a pod of a CUDA engine asks one of, unless its kind names another.
+GPU_RESOURCE = "nvidia.com/gpu"
 
 
 class GpuKind(BaseModel):
@@ -54,7 +57,7 @@ class GpuKind(BaseModel):
     price_per_hour: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)]
     count: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
     node_selector: dict[LabelKey, LabelValue] | None = None
-    resource: ResourceName = "nvidia.com/gpu"
+    resource: ResourceName | None = None  # None: the default of Kind.resource
 
     def selector(self) -> dict[str, str]:
         return dict(self.node_selector) if self.node_selector is not None else {KIND_LABEL: self.name}
@@ -89,6 +92,13 @@ class Kind:
     @property
     def price(self) -> float:
         return self.spec.price_per_hour
+
+    @property
+    def resource(self) -> str | None:
+        """The extended resource a pod of the kind asks one of: the pool file's (by default a GPU), but none where a
+        vllm-cpu kind would ask a GPU it cannot use (older plans recorded that default for CPU kinds too)."""
+        resource = self.spec.resource or GPU_RESOURCE
+        return None if resource == GPU_RESOURCE and self.profile.engine.device == "cpu" else resource
 
 
 @dataclass(frozen=True)

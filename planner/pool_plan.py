@@ -706,5 +706,5 @@ def kind_record(kind: Kind) -> dict[str, Any]:
     """The kind as a plan records it (``inputs.pool.kinds``): its profile by id (and file, where not shipped), and its
     engine settings."""
     return {"name": kind.name, **kind.profile.record(), "price_per_hour": kind.price,
-            "count": kind.spec.count, "node_selector": kind.spec.selector(), "resource": kind.spec.resource,
+            "count": kind.spec.count, "node_selector": kind.spec.selector(), "resource": kind.resource,
             "engine": engine_settings(kind.profile)}

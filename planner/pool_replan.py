@@ -39,7 +39,7 @@ BACK_ROUNDS = 4
 def recorded_pool(previous: Placement) -> Pool:
     """The pool a plan was made over, as it recorded it (kinds, profiles, prices, counts, node selectors)."""
     kinds = tuple(Kind(GpuKind(name=k["name"], profile=k["profile_id"], price_per_hour=k["price_per_hour"],
-                               count=k.get("count"), node_selector=k["node_selector"], resource=k["resource"]),
+                               count=k.get("count"), node_selector=k["node_selector"], resource=k.get("resource")),
                        recorded_profile(k)) for k in previous.kinds().values())
     pool = previous.inputs["pool"]
     return Pool(str(pool.get("path", "")), str(pool.get("sha256", "")), kinds)

