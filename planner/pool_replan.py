@@ -24,7 +24,7 @@ from planner.confirm import Progress
 from planner.packing import NotEnoughGpusError, listed
 from planner.placement import Placement, engine_settings
 from planner.plan import UNLIMITED_GPUS, PlanOptions
-from planner.pool import GpuKind, Kind, Pool
+from planner.pool import GPU_RESOURCE, GpuKind, Kind, Pool
 from planner.pool_plan import PoolPlanner, instance_prefix, pool_placement
 from planner.replan import ChurnBudget, changes, replan
 from planner.verdict import ServiceBar
@@ -38,11 +38,15 @@ BACK_ROUNDS = 4
 
 def recorded_pool(previous: Placement) -> Pool:
     """The pool a plan was made over, as it recorded it (kinds, profiles, prices, counts, node selectors)."""
-    kinds = tuple(Kind(GpuKind(name=k["name"], profile=k["profile_id"], price_per_hour=k["price_per_hour"],
-                               count=k.get("count"), node_selector=k["node_selector"], resource=k.get("resource")),
-                       recorded_profile(k)) for k in previous.kinds().values())
+    kinds = []
+    for k in previous.kinds().values():
+        profile = recorded_profile(k)
+        # plans before vllm-cpu kinds asked no GPU recorded the GPU default for them too
+        resource = None if profile.engine.device == "cpu" and k.get("resource") == GPU_RESOURCE else k.get("resource")
+        kinds.append(Kind(GpuKind(name=k["name"], profile=k["profile_id"], price_per_hour=k["price_per_hour"],
+                                  count=k.get("count"), node_selector=k["node_selector"], resource=resource), profile))
     pool = previous.inputs["pool"]
-    return Pool(str(pool.get("path", "")), str(pool.get("sha256", "")), kinds)
+    return Pool(str(pool.get("path", "")), str(pool.get("sha256", "")), tuple(kinds))
 
 
 def replan_pool(previous: Placement, workload_path, workload: Workload, opts: PlanOptions,

