@@ -36,7 +36,7 @@ from pathlib import PurePosixPath
 
 from planner.placement import InstancePlan, Placement
 from planner.pool import pod_resource
-from planner.render import adapter_paths, server_env, vllm_argv
+from planner.render import adapter_paths, vllm_argv
 from planner.workload_csv import printable
 from twin.errors import BadInputError
 
@@ -122,9 +122,8 @@ def _server(p: Placement, inst: InstancePlan, name: str, image: str, model: str,
         "startupProbe": {"httpGet": {"path": "/health", "port": PORT}, "periodSeconds": 10, "failureThreshold": 60},
         "volumeMounts": mounts,
     }
-    env = {**server_env(p, inst), **({"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"} if runtime_loading else {})}
-    if env:
-        container["env"] = [{"name": name, "value": value} for name, value in env.items()]
+    if runtime_loading:
+        container["env"] = [{"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "True"}]
     selector = {INSTANCE_LABEL: inst.instance_id, POOL_LABEL: labels[POOL_LABEL]}
     pod = {"containers": [container], "volumes": pod_volumes}
     if kind is not None:

