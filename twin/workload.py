@@ -241,7 +241,9 @@ def draw_requests(
     conversations: Conversations | None = None,
 ) -> Requests:
     """Draw one run's requests from the workload's per-adapter arrival processes (single-turn, or the
-    turns of ``conversations``)."""
+    turns of ``conversations``). An arrival process gives each adapter's times sorted (``adapter_times``); one that
+    also offers them as drawn (``unordered_times``, the same draws: :class:`PoissonArrivals`) gives single turns
+    that way, and :func:`arrival_order` orders all at once."""
     rng = np.random.default_rng(seed)
     times, convs = [], []
     n_conv = 0
