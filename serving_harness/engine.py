@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Self
 
 from twin.errors import BadInputError
-from twin.profile import ENGINE_DEVICES
+from twin.profile import CPU_KV_ENV, ENGINE_DEVICES
 
 #: Log text that means vLLM refused to start for lack of (KV / LoRA / device) memory.
 MEMORY_ERROR_PATTERNS = (
@@ -119,7 +119,7 @@ class EngineConfig:
         env = dict(os.environ)
         env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
                     "DO_NOT_TRACK": "1", "PYTHONUNBUFFERED": "1"})
-        env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # the size is set by kv_cache_bytes only
+        env.pop(CPU_KV_ENV, None)  # the size is set by kv_cache_bytes only
         if self.device == "cuda":
             if self.gpu is not None:
                 env["CUDA_VISIBLE_DEVICES"] = str(self.gpu)

