@@ -20,8 +20,15 @@ from models.surrogate import simulation_hash
 from models.twin_memo import MEMO, run_key, scenario_key
 from twin.policies.spec import PolicySpec
 from twin.profile import Profile
-from twin.simulate import MAX_SIM_REQUESTS, STARVATION_THRESHOLD, SimConfig, expected_requests, simulate
-from twin.workload import Adapter, LengthModel, Workload
+from twin.simulate import (
+    MAX_SIM_REQUESTS,
+    STARVATION_THRESHOLD,
+    SimConfig,
+    config_requests,
+    expected_requests,
+    simulate,
+)
+from twin.workload import Adapter, LengthModel, Requests, Workload
 
 
 @dataclass(frozen=True)
@@ -282,6 +289,29 @@ def _simulate(profile: Profile, duration_s: float, seed: int, policy: PolicySpec
         return 0.0, sc.arriving_tok_s, float("inf"), float("inf"), float("inf"), float("inf")
     config = SimConfig(a_max=sc.a_max, duration_s=duration_s, seed=seed, max_lora_rank=sc.max_lora_rank, policy=policy,
                        **({} if arrivals is None else {"arrivals": arrivals}))
-    res = simulate(workload, profile, config)
+    res = simulate(workload, profile, config, _shared_requests(workload, profile, config, sc))
     return (res.total_throughput_tok_s, res.arriving_tok_s, res.ttft_ms_p99_all, res.tpot_ms_p99, res.itl_ms_mean,
             res.ttft_ms_p999_all)
+
+
+#: The last requests :func:`_shared_requests` drew in this process, by what they were drawn from.
+_LAST_DRAWN: dict = {}
+
+
+def _shared_requests(workload: Workload, profile: Profile, config: SimConfig, sc: GpuScenario) -> Requests | None:
+    """The requests of ``config`` for ``sc``, drawn once for consecutive runs that differ only in ``--max-loras``:
+    a GPU's group is asked at every A_max candidate on the very same requests (``best_a_max``), and drawing an
+    hour of them took a third of a twin-packed plan. None where the draw cannot be keyed (an arrival process that
+    is not hashable): :func:`simulate` draws them itself."""
+    key = (sc.rates_rps.tobytes(), np.asarray(sc.input_tokens).tobytes(), np.asarray(sc.output_tokens).tobytes(),
+           config.duration_s, config.seed, config.arrivals, config.lengths or profile.default_lengths(),
+           config.input_tokens or profile.default_input_tokens, config.output_tokens or profile.default_output_tokens,
+           config.conversations)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    if key not in _LAST_DRAWN:
+        _LAST_DRAWN.clear()
+        _LAST_DRAWN[key] = config_requests(workload, profile, config)
+    return _LAST_DRAWN[key]

@@ -93,3 +93,24 @@ def test_a_run_that_cannot_be_keyed_by_value_is_simulated_every_time(monkeypatch
     first, again = twin.predict([_scenario(4, 1.0)]), twin.predict([_scenario(4, 1.0)])
     assert len(simulated) == 2 and len(MEMO) == 0
     assert first.tpot_ms_p99[0] == again.tpot_ms_p99[0]
+
+
+def test_runs_of_one_group_at_several_max_loras_share_one_draw_and_answer_as_alone(monkeypatch):
+    twin_predictor._LAST_DRAWN.clear()
+    drawn: list = []
+    draw = twin_predictor.config_requests
+    monkeypatch.setattr(twin_predictor, "config_requests", lambda *a: drawn.append(a[2].seed) or draw(*a))
+    twin = TwinPredictor(load_profile(LLAMA), duration_s=300.0, slowdown=1.3)
+    candidates = [_scenario(12, 0.5, a) for a in (4, 8, 12)]
+    together = twin.predict(candidates)
+    assert drawn == [0]  # one draw for the three --max-loras
+    for i, sc in enumerate(candidates):  # each as if asked alone, drawn afresh
+        MEMO.clear()
+        twin_predictor._LAST_DRAWN.clear()
+        alone = twin.predict([sc])
+        for field in ("throughput_tok_s", "ttft_ms_p99_all", "tpot_ms_p99", "itl_ms_mean", "ttft_ms_p999_all"):
+            assert getattr(alone, field)[0] == getattr(together, field)[i]
+    assert len(drawn) == 4
+    replace(twin, seed=1).predict(candidates[:1])  # other requests: drawn
+    twin.predict([_scenario(12, 0.6, 4)])
+    assert drawn[4:] == [1, 0]

@@ -125,6 +125,16 @@ def resolve_max_lora_rank(workload: Workload, profile: Profile, requested: int |
     return rank
 
 
+def config_requests(workload: Workload, profile: Profile, config: SimConfig) -> Requests:
+    """The requests :func:`simulate` draws for a run of ``config`` when it is given none. They depend on neither
+    ``config.a_max`` nor ``max_lora_rank``: runs of one GPU at several ``--max-loras`` may share them."""
+    return draw_requests(
+        workload, config.duration_s, config.seed, config.arrivals, config.lengths or profile.default_lengths(),
+        config.input_tokens or profile.default_input_tokens,
+        config.output_tokens or profile.default_output_tokens, config.conversations,
+    )
+
+
 def simulate(
     workload: Workload, profile: Profile, config: SimConfig, requests: Requests | None = None
 ) -> SimResult:
@@ -149,14 +159,9 @@ def simulate(
             f"starts with at most --max-loras {limit} (asked {config.a_max})"
         )
     t0 = time.perf_counter()
-    lengths = config.lengths or profile.default_lengths()
-    drawn = "trace" if requests is not None else lengths.describe()
+    drawn = "trace" if requests is not None else (config.lengths or profile.default_lengths()).describe()
     if requests is None:
-        requests = draw_requests(
-            workload, config.duration_s, config.seed, config.arrivals, lengths,
-            config.input_tokens or profile.default_input_tokens,
-            config.output_tokens or profile.default_output_tokens, config.conversations,
-        )
+        requests = config_requests(workload, profile, config)
     n_ad = len(workload)
     load_ms = np.array([profile.adapter_load.load_ms(rank, a.rank) for a in workload.adapters])
     lat = np.array(profile.step_latency.for_server(config.a_max, rank).as_array())
