@@ -10,6 +10,7 @@ import sys
 import click
 
 from planner import cli_harness, cli_models, cli_plan, cli_twin, cli_workload
+from twin.heap import keep_freed_memory
 
 
 class OneLineErrors(click.Group):
@@ -42,6 +43,7 @@ def main() -> None:
       planner profiles                      # what hardware/model/engine triples are profiled
       planner simulate WORKLOAD.csv --a-max 16   # one server in the digital twin
     """
+    keep_freed_memory()
 
 
 for _command in (cli_plan.plan, cli_plan.evaluate, cli_plan.replan, cli_plan.render, cli_plan.verify, cli_twin.profiles, cli_twin.simulate,
