@@ -33,13 +33,16 @@ def render(p: Placement, fmt: str, model: str, port_base: int = 8000, adapter_di
            image: str | dict[str, str] | None = None, name: str = "lora") -> str:
     """A placement as ``fmt``: the table (with a re-plan's changes), the placement JSON, vLLM commands, or
     Kubernetes manifests (planner.manifests; ``adapter_dir`` then a path inside the container, ``image`` one or
-    one per pool kind)."""
+    one per pool kind, required)."""
     if fmt == "json":
         return json.dumps(p.to_dict(), indent=1, allow_nan=False)
     if fmt == "vllm":
         return render_vllm(p, model, port_base, adapter_dir or "adapters")
     if fmt in ("k8s", "llm-d", "aibrix"):
-        return render_manifests(p, fmt, image or "vllm/vllm-openai:latest", model, adapter_dir or "/adapters", name)
+        if not image:  # no default here: the image must match the device and the vLLM release the plan was made for
+            raise BadInputError(f"--format {fmt} needs a container image: vLLM's image of the profile's release, "
+                                "built for the plan's device")
+        return render_manifests(p, fmt, image, model, adapter_dir or "/adapters", name)
     if fmt != "table":
         raise BadInputError(f"unknown format '{fmt}'; choose one of {', '.join(FORMATS)}")
     return render_table(p) + ("\n" + render_changes(p) if p.changes else "")

@@ -309,3 +309,17 @@ def test_each_pod_asks_for_and_runs_the_device_its_profile_measured(device_plan,
     given = _render(path, fmt, "--image", "registry.example/vllm:1")
     assert {o["spec"]["template"]["spec"]["containers"][0]["image"] for o in given if o["kind"] == "Deployment"} \
         == {"registry.example/vllm:1"}
+
+
+@pytest.mark.parametrize("fmt", ["k8s", "llm-d", "aibrix"])
+def test_the_library_names_no_image_of_its_own(device_plan, fmt):
+    """planner.formats.render writes manifests only with an image given: any default of its own could run another
+    vLLM release, or a CUDA image on CPU nodes."""
+    from planner.formats import render
+    from planner.placement import read_placement
+    from twin.errors import BadInputError
+
+    placement = read_placement(device_plan[1])
+    with pytest.raises(BadInputError, match="needs a container image"):
+        render(placement, fmt, "org/model")
+    assert "image: registry.example/vllm:1" in render(placement, fmt, "org/model", image="registry.example/vllm:1")
