@@ -40,8 +40,8 @@ def render(p: Placement, fmt: str, model: str, port_base: int = 8000, adapter_di
         return render_vllm(p, model, port_base, adapter_dir or "adapters")
     if fmt in ("k8s", "llm-d", "aibrix"):
         if not image:  # no default here: the image must match the device and the vLLM release the plan was made for
-            raise BadInputError(f"--format {fmt} needs a container image: vLLM's image of the profile's release, "
-                                "built for the plan's device")
+            raise BadInputError(f"{fmt} manifests need a container image (image=): vLLM's image of the profile's "
+                                "release, built for the plan's device")
         return render_manifests(p, fmt, image, model, adapter_dir or "/adapters", name)
     if fmt != "table":
         raise BadInputError(f"unknown format '{fmt}'; choose one of {', '.join(FORMATS)}")

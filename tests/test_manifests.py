@@ -320,6 +320,8 @@ def test_the_library_names_no_image_of_its_own(device_plan, fmt):
     from twin.errors import BadInputError
 
     placement = read_placement(device_plan[1])
-    with pytest.raises(BadInputError, match="needs a container image"):
+    with pytest.raises(BadInputError, match="need a container image"):
         render(placement, fmt, "org/model")
-    assert "image: registry.example/vllm:1" in render(placement, fmt, "org/model", image="registry.example/vllm:1")
+    objects = list(yaml.safe_load_all(render(placement, fmt, "org/model", image="registry.example/vllm:1")))
+    assert {o["spec"]["template"]["spec"]["containers"][0]["image"] for o in objects if o["kind"] == "Deployment"} \
+        == {"registry.example/vllm:1"}

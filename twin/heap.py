@@ -21,7 +21,8 @@ TRIM_THRESHOLD = 64 << 20
 
 def keep_freed_memory() -> bool:
     """Have this process's malloc (and its forked workers') reuse freed blocks of up to :data:`MMAP_THRESHOLD` and
-    keep up to :data:`TRIM_THRESHOLD` free; False where the C library is not glibc (nothing changed)."""
+    keep up to :data:`TRIM_THRESHOLD` free, for a peak a few percent higher; False where the C library is not glibc
+    or refused a setting."""
     try:
         mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
     except (OSError, AttributeError):
