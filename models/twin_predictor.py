@@ -25,6 +25,7 @@ from twin.simulate import (
     STARVATION_THRESHOLD,
     SimConfig,
     config_requests,
+    draw_settings,
     expected_requests,
     simulate,
 )
@@ -299,14 +300,13 @@ _LAST_DRAWN: dict[tuple, Requests] = {}
 
 
 def _shared_requests(workload: Workload, profile: Profile, config: SimConfig, sc: GpuScenario) -> Requests | None:
-    """The requests of ``config`` for ``sc``, drawn once for consecutive runs that differ only in ``--max-loras``:
+    """The requests of ``config`` for ``sc``, drawn once for consecutive runs that differ only in ``--max-loras``
+    (keyed on the scenario's rates and lengths and :func:`~twin.simulate.draw_settings`):
     a GPU's group is asked at every A_max candidate on the very same requests (``best_a_max``), and drawing an
     hour of them took a third of a twin-packed plan (once in each process: workers draw their own). None where the
     draw cannot be keyed (an arrival process that is not hashable): :func:`simulate` draws them itself."""
     key = (*(np.ascontiguousarray(a, np.float64).tobytes() for a in (sc.rates_rps, sc.input_tokens, sc.output_tokens)),
-           config.duration_s, config.seed, config.arrivals, config.lengths or profile.default_lengths(),
-           config.input_tokens or profile.default_input_tokens, config.output_tokens or profile.default_output_tokens,
-           config.conversations)
+           *draw_settings(profile, config))
     try:
         hash(key)
     except TypeError:

@@ -125,14 +125,17 @@ def resolve_max_lora_rank(workload: Workload, profile: Profile, requested: int |
     return rank
 
 
+def draw_settings(profile: Profile, config: SimConfig) -> tuple:
+    """What a run's requests are drawn with besides its workload (:func:`draw_requests`' other arguments): neither
+    ``config.a_max`` nor ``max_lora_rank``, so runs of one GPU at several ``--max-loras`` may share them."""
+    return (config.duration_s, config.seed, config.arrivals, config.lengths or profile.default_lengths(),
+            config.input_tokens or profile.default_input_tokens,
+            config.output_tokens or profile.default_output_tokens, config.conversations)
+
+
 def config_requests(workload: Workload, profile: Profile, config: SimConfig) -> Requests:
-    """The requests :func:`simulate` draws for a run of ``config`` when it is given none. They depend on neither
-    ``config.a_max`` nor ``max_lora_rank``: runs of one GPU at several ``--max-loras`` may share them."""
-    return draw_requests(
-        workload, config.duration_s, config.seed, config.arrivals, config.lengths or profile.default_lengths(),
-        config.input_tokens or profile.default_input_tokens,
-        config.output_tokens or profile.default_output_tokens, config.conversations,
-    )
+    """The requests :func:`simulate` draws for a run of ``config`` when it is given none."""
+    return draw_requests(workload, *draw_settings(profile, config))
 
 
 def simulate(
