@@ -22,9 +22,9 @@ How (``make_pool_plan``):
    :meth:`PoolPlanner.confirm`), until no option left
    could beat the cheapest judged one, which is the plan (a kind the twin packs, alone, is judged while within
    one GPU of it: its estimate can take a GPU more than the judging runs; one within a GPU of what a mix is
-   expected to cost judged is judged before the mix, which then keeps its GPUs). An option's kinds with a
-   surrogate are judged first, and it is dropped once those and its other kinds' packings cost as much as the
-   best judged. A mix is passed over, too, where its twin-packed kinds' GPUs, scaled by how many more the
+   expected to cost judged, its kinds with a surrogate judged already, is judged before the mix, which then
+   keeps its GPUs). An option's kinds with a surrogate are judged first, and it is dropped once those and its
+   other kinds' packings cost as much as the best judged. A mix is passed over, too, where its twin-packed kinds' GPUs, scaled by how many more the
    judging runs took than the estimate where that kind was judged serving everything alone, make it cost as
    much as the best judged; a mix's share that keeps judged GPUs is not packed in full again where that is not
    expected to make the mix the cheapest (:meth:`PoolPlanner.confirm`). A mix
@@ -291,6 +291,11 @@ class PoolPlanner:
                                    self.progress, entries=rest, max_gpus=pack.req.max_gpus - len(kept))
         return KindPack(pack.kind, pack.members, pack.req, kept + groups,
                         replace(c, rows=rows + c.rows, margin=max(c.margin, done.confirmation.margin)))
+
+    def surrogate_judged(self, option: PoolChoice) -> PoolChoice:
+        """``option`` with its kinds that have a surrogate judged (seconds), the twin-packed ones as estimated:
+        what the mix is expected to cost judged then rests on the twin only where judging takes minutes."""
+        return PoolChoice([p if self.twin_packed(p.kind) else self.confirm(p) for p in option.packs], option.single)
 
     def judge(self, option: PoolChoice, bound: float = np.inf) -> PoolChoice | None:
         """``option`` with every kind's packing judged (:meth:`confirm`), kinds with a surrogate first (they judge in
@@ -575,7 +580,10 @@ def plan_pool(planner: PoolPlanner) -> PoolOutcome:
     seen = {o.key() for o in options}
     retrims = 0
     while pending:
-        option = _alone_first(planner, pending.pop(0), pending, best)
+        option = pending.pop(0)
+        if option.single is None and (best is None or option.cost < best.cost):
+            option = planner.surrogate_judged(option)
+        option = _alone_first(planner, option, pending, best)
         if best is not None and option.cost >= best.cost and not _alone_within_a_gpu(planner, option, best.cost):
             continue  # judging only adds GPUs to a packing: it cannot beat the best judged
         if best is not None and option.single is None and planner.expected_cost(option) >= best.cost:
@@ -627,13 +635,15 @@ def _alone_within_a_gpu(planner: PoolPlanner, option: PoolChoice, cost: float) -
 
 def _alone_first(planner: PoolPlanner, option: PoolChoice, pending: list[PoolChoice],
                  best: PoolChoice | None) -> PoolChoice:
-    """``option``, or, where it is a mix, a kind the twin packs alone that will be judged however the mix judges
-    (:func:`_alone_within_a_gpu` of what the mix is expected to cost judged, :data:`ESTIMATE_SHORTFALL` more GPUs
-    of its twin-packed kinds until one was judged alone, and of the best judged): that one first, ``option`` back
-    in ``pending``. The mix then keeps the GPUs judged for the kind alone (PoolPlanner._reused) instead of packing
-    its share of that kind in full again, or is passed over where the kind alone came out cheaper (a hot
-    10,000-adapter fleet's mix, 2 GPUs cheaper as packed than the 80 GB kind alone, and that kind alone were both
-    judged in full: 984 s, 3.5x the single-kind plans)."""
+    """``option``, or, where it is a mix (its kinds with a surrogate judged: :meth:`PoolPlanner.surrogate_judged`),
+    a kind the twin packs alone that will be judged however the mix judges (:func:`_alone_within_a_gpu` of what
+    the mix is expected to cost judged, :data:`ESTIMATE_SHORTFALL` more GPUs of its twin-packed kinds until one was
+    judged alone, and of the best judged): that one first, ``option`` back in ``pending``. The mix then keeps the
+    GPUs judged for the kind alone (PoolPlanner._reused) instead of packing its share of that kind in full again,
+    or is passed over where the kind alone came out cheaper (a hot 10,000-adapter fleet's mix, 2 GPUs cheaper as
+    packed than the 80 GB kind alone, and that kind alone were both judged in full: 984 s, 3.5x the single-kind
+    plans; a rank-32 one at `80gb-at-par`, whose 64 GB share's judging added 3 GPUs: 429 s, 2.2x, until that share
+    was judged before weighing them)."""
     if option.single is not None:
         return option
     expected = planner.expected_cost(option, 1.0 + ESTIMATE_SHORTFALL)

@@ -663,3 +663,49 @@ def test_a_twin_packed_kind_fills_its_gpus_leaving_room_for_what_its_judging_run
     for p in padded:
         plain = planner.request(cpu, p.members)
         assert np.allclose(p.req.rates_rps, plain.rates_rps * (1 + ESTIMATE_SHORTFALL))
+
+
+def test_a_mix_whose_surrogate_kinds_judging_adds_gpus_has_the_twin_packed_kind_alone_judged_before_it(
+        tmp_path, monkeypatch):
+    """A mix's kinds with a surrogate are judged (seconds) before it is weighed against a twin-packed kind alone:
+    the GPU their judging adds brings that kind alone within a GPU of what the mix is then expected to cost, so the
+    kind alone is judged first and the mix keeps its GPUs (a rank-32 10,000-adapter fleet at `80gb-at-par`: the
+    64 GB share's judging added 3 GPUs, and the 80 GB kind was packed by the judging twin twice, 2.2x the
+    single-kind plans' wall time)."""
+    from dataclasses import replace
+
+    from planner.confirm import Confirmation
+    from planner.pool_plan import KindPack, PoolPlanner, plan_pool
+    from planner.workload_csv import read_workload
+    from twin.workload import Workload
+
+    wl = Workload(tuple(replace(a, rate_rps=5 * a.rate_rps) for a in read_workload(WL).adapters if a.rank <= 16))
+    (tmp_path / "pool.yaml").write_text(
+        f"kinds:\n  - {{name: cpu-a, profile: {CPU}, price_per_hour: 0.015}}\n"
+        f"  - {{name: h100, profile: {H100}, price_per_hour: 0.01, count: 2}}\n")
+    judged = []
+
+    def confirm(self, pack, reuse=False, bound=None):  # judging adds a GPU to every h100 packing
+        if pack.confirmation is not None:
+            return pack
+        judged.append(("alone" if len(pack.members) == len(wl) else "mix", pack.kind.name, reuse))
+        return KindPack(pack.kind, pack.members, pack.req,
+                        pack.groups + pack.groups[-1:] if pack.kind.name == "h100" else pack.groups,
+                        Confirmation(None, None, 0.0, 1, 0, 0, [], 0.0))
+
+    monkeypatch.setattr(PoolPlanner, "confirm", confirm)
+    monkeypatch.setattr(PoolPlanner, "mixes", lambda self, prices, bound=np.inf: _a_gpu_off_cpu_a(
+        self, prices, bound, gpus=3))
+    planner = _planner(tmp_path, tmp_path / "pool.yaml", wl)
+    (mix,) = planner.mixes(None)
+    cpu, h100 = mix.packs
+    alone = planner.pack(cpu.kind, np.arange(len(wl)))
+    assert h100.gpus == 1 and planner.pack(h100.kind, np.arange(len(wl))).gpus == 2  # alone over its count judged
+    # As packed, the mix is expected to cost less than the cpu kind alone less one of its GPUs; with its h100
+    # share judged, no longer.
+    expected = np.ceil(cpu.gpus * 1.03) * cpu.kind.price
+    assert alone.cost - cpu.kind.price > expected + h100.cost > alone.cost - cpu.kind.price - h100.kind.price
+    chosen = plan_pool(planner).chosen
+    assert judged == [("alone", "h100", False), ("mix", "h100", False), ("alone", "cpu-a", False),
+                      ("mix", "cpu-a", True)]
+    assert chosen.single is None and chosen.cost == pytest.approx(cpu.cost + 2 * h100.kind.price)
