@@ -16,22 +16,20 @@ How (``make_pool_plan``):
    a kind its count left GPUs short of that count, the adapters cheaper there up to the count
    (:meth:`PoolPlanner.fill`).
 3. The mixes and each single kind's packing of the whole workload, in order of packed cost, are judged as
-   ``planner plan`` judges a plan: every GPU in the twin on its kind's profile and margin, repacked until
-   all pass (a kind the twin packs is packed again by the twin of the judging runs; in a mix, it may keep the
-   GPUs judged for an earlier option that hold only adapters it serves here, and pack the rest:
-   :meth:`PoolPlanner.confirm`), until no option left
-   could beat the cheapest judged one, which is the plan (a kind the twin packs, alone, is judged while within
-   one GPU of it: its estimate can take a GPU more than the judging runs; one within a GPU of what a mix is
-   expected to cost judged, its kinds with a surrogate judged already, is judged before the mix, which then
-   keeps its GPUs). An option's kinds with a surrogate are judged first, and it is dropped once those and its
-   other kinds' packings cost as much as the best judged. A mix is passed over, too, where its twin-packed kinds' GPUs, scaled by how many more the
-   judging runs took than the estimate where that kind was judged serving everything alone, make it cost as
-   much as the best judged; a mix's share that keeps judged GPUs is not packed in full again where that is not
-   expected to make the mix the cheapest (:meth:`PoolPlanner.confirm`). A mix
-   that judging took over a kind's count is tried as judged with that kind giving up the GPUs over its count
-   whose adapters cost least on their next cheapest kind (:meth:`PoolPlanner.trimmed`: the kept GPUs need no
-   judging again), and formed again with that many GPUs of room kept on the kind (:data:`RETRIMS` times at
-   most).
+   ``planner plan`` judges a plan: every GPU in the twin on its kind's profile and margin, repacked until all pass
+   (a kind the twin packs is packed again by the twin of the judging runs; in a mix, it may keep the GPUs judged
+   for an earlier option that hold only adapters it serves here, and pack the rest: :meth:`PoolPlanner.confirm`),
+   until no option left could beat the cheapest judged one, which is the plan (a kind the twin packs, alone, is
+   judged while within one GPU of it: its estimate can take a GPU more than the judging runs; one within a GPU of
+   what a mix is expected to cost judged, its kinds with a surrogate judged already, is judged before the mix,
+   which then keeps its GPUs). An option's kinds with a surrogate are judged first, and it is dropped once those
+   and its other kinds' packings cost as much as the best judged. A mix is passed over, too, where its twin-packed
+   kinds' GPUs, scaled by how many more the judging runs took than the estimate where that kind was judged serving
+   everything alone, make it cost as much as the best judged; a mix's share that keeps judged GPUs is not packed in
+   full again where that is not expected to make the mix the cheapest (:meth:`PoolPlanner.confirm`). A mix that
+   judging took over a kind's count is tried as judged with that kind giving up the GPUs over its count whose
+   adapters cost least on their next cheapest kind (:meth:`PoolPlanner.trimmed`: the kept GPUs need no judging
+   again), and formed again with that many GPUs of room kept on the kind (:data:`RETRIMS` times at most).
 
 Request lengths come from the pool's first kind for adapters without their own, so every kind is asked about
 the same requests; a single-kind plan to compare with is ``planner plan W.csv --profile P --input-tokens I
