@@ -167,6 +167,7 @@ def pool_plan(set_name: str, kinds: list[str], csv: Path, singles: dict[str, dic
     plan = work / f"plan-{set_name}.json"
     pool.write_text(pool_yaml(kinds, prices))
     rc, wall, peak, err = run_measured([*PLANNER, "plan", str(csv), "--pool", str(pool), "--out", str(plan)], ROOT)
+    (work / f"plan-{set_name}.log").write_text(err + "\n")  # its progress lines: where the time went
     # what each kind alone costs at these prices, where it planned and fits the set's count
     single_costs = {}
     for k in kinds:
@@ -306,8 +307,8 @@ def main() -> None:
     ap.add_argument("--kinds", default=",".join(KINDS),
                     help="the pool's kinds (a subset of %(default)s, kept in that order: the first is the reference)")
     ap.add_argument("--keep", type=Path, default=None,
-                    help="keep each case's workload.csv, single-<kind>.json, pool-<set>.yaml and plan-<set>.json "
-                         "in KEEP/<adapters>-<family>-<seed>/")
+                    help="keep each case's workload.csv, single-<kind>.json, pool-<set>.yaml, plan-<set>.json and "
+                         "plan-<set>.log (the pool plan's progress lines) in KEEP/<adapters>-<family>-<seed>/")
     ap.add_argument("--out", type=Path, default=result_path("mixed_pools"))
     args = ap.parse_args()
     chosen = set(csv_list(args.kinds, KINDS, "kinds"))
