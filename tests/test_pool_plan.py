@@ -531,8 +531,8 @@ def test_a_mix_keeping_judged_gpus_is_not_packed_in_full_again_where_that_could_
     """Keeping the GPUs judged before took more GPUs than the estimate: the share is packed in full again only
     where its expected judged cost leaves the option a chance to beat the best judged (a hot 10,000-adapter fleet:
     five minutes of judging, to lose all the same). That the estimate fell short for this share shows it: the
-    estimate at least ESTIMATE_SHORTFALL (or the kind alone's shortfall) over, and at most what keeping them took
-    (a Zipf one: 32 GPUs estimated, 33 kept, 33 again in full, 170 s)."""
+    estimate at least ESTIMATE_SHORTFALL over (or as much as the kind's packings judged in full took over theirs),
+    and at most what keeping them took (a Zipf one: 32 GPUs estimated, 33 kept, 33 again in full, 170 s)."""
     from planner import pool_plan
     from planner.pool_plan import ESTIMATE_SHORTFALL, KindPack, PoolPlanner
 
@@ -548,14 +548,15 @@ def test_a_mix_keeping_judged_gpus_is_not_packed_in_full_again_where_that_could_
             p.kind, p.members, p.req, p.groups + p.groups[-1:] * extra))
 
     keeping_takes(1)
-    planner.estimate_shortfall["cpu"] = 1.0  # judging the kind alone took no more than its estimate
+    planner._in_full["cpu"] = [(9, 9)]  # judging the kind in full took no more than its estimate
     assert planner.confirm(pack, reuse=True, bound=pack.cost + cpu.price).gpus == pack.gpus + 1 and not full
     assert planner.confirm(pack, reuse=True, bound=pack.cost + cpu.price + 1e-6).gpus == pack.gpus and len(full) == 1
+    assert planner._in_full["cpu"] == [(9, 9), (pack.gpus, pack.gpus)]  # a packing in full, noted
     keeping_takes(3)
     shortfall = max(np.ceil(pack.gpus * (1 + ESTIMATE_SHORTFALL)), pack.gpus + 1) * cpu.price
     assert planner.confirm(pack, reuse=True, bound=shortfall).gpus == pack.gpus + 3 and len(full) == 1
     assert planner.confirm(pack, reuse=True, bound=shortfall + 1e-6).gpus == pack.gpus and len(full) == 2
-    planner.estimate_shortfall["cpu"] = 1.5
+    planner._in_full["cpu"] = [(9, 9), (12, 6)]  # together 1.4x their estimates
     assert planner.confirm(pack, reuse=True, bound=shortfall + 1e-6).gpus == pack.gpus + 3 and len(full) == 2
 
 
